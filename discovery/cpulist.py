@@ -1,0 +1,92 @@
+"""Linux cpulist ("0-3,8,10-11") and mask ("ffffffff,00000000") formats, as sysfs prints them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# Far above any real machine (the kernel's NR_CPUS tops out at 8192); stops "0-4294967295" from
+# allocating a list of four billion ints out of a corrupted file.
+MAX_ID = 1 << 16
+
+
+class CpuListError(ValueError):
+    """A cpulist or mask string that does not parse."""
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """Parse a kernel list (``%*pbl``), including the ``a-b:stride/group`` form. Empty → ()."""
+    text = text.strip()
+    if not text:
+        return ()
+    ids: set[int] = set()
+    for chunk in text.split(","):
+        chunk = chunk.strip()
+        if not chunk:
+            raise CpuListError(f"empty element in {text!r}")
+        rng, _, stride_spec = chunk.partition(":")
+        lo_s, dash, hi_s = rng.partition("-")
+        lo, hi = _to_id(lo_s, text), _to_id(hi_s, text) if dash else None
+        if hi is None:
+            if stride_spec:
+                raise CpuListError(f"stride without a range in {text!r}")
+            ids.add(lo)
+            continue
+        if hi < lo:
+            raise CpuListError(f"descending range {chunk!r} in {text!r}")
+        used, group = 1, 1
+        if stride_spec:
+            used_s, slash, group_s = stride_spec.partition("/")
+            if not slash:
+                raise CpuListError(f"malformed stride {chunk!r}")
+            used, group = _to_id(used_s, text), _to_id(group_s, text)
+            if used == 0 or group == 0 or used > group:
+                raise CpuListError(f"malformed stride {chunk!r}")
+        for base in range(lo, hi + 1, group):
+            ids.update(i for i in range(base, min(base + used, hi + 1)))
+    return tuple(sorted(ids))
+
+
+def _to_id(s: str, whole: str) -> int:
+    s = s.strip()
+    if not s.isdigit() or not s.isascii():
+        raise CpuListError(f"not a number: {s!r} in {whole!r}")
+    value = int(s)
+    if value >= MAX_ID:
+        raise CpuListError(f"id {value} out of range in {whole!r}")
+    return value
+
+
+def parse_mask(text: str) -> tuple[int, ...]:
+    """Parse a kernel hex mask (``%*pb``): 32-bit words, most significant first, comma separated."""
+    digits = text.strip().replace(",", "")
+    if digits.startswith(("0x", "0X")):
+        digits = digits[2:]
+    if not digits:
+        return ()
+    try:
+        value = int(digits, 16)
+    except ValueError as exc:
+        raise CpuListError(f"not a hex mask: {text!r}") from exc
+    if value.bit_length() > MAX_ID:
+        raise CpuListError(f"mask too wide: {len(digits)} hex digits")
+    out, bit = [], 0
+    while value:
+        if value & 1:
+            out.append(bit)
+        value >>= 1
+        bit += 1
+    return tuple(out)
+
+
+def format_cpulist(ids: Iterable[int]) -> str:
+    """Format ids as the shortest kernel list: ``[0,1,2,3,8]`` → ``"0-3,8"``."""
+    ordered = sorted(set(ids))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)

@@ -1,0 +1,136 @@
+"""Reading a host's /sys and /proc under a root, so every probe runs unchanged on a captured tree.
+
+All paths are relative to the root ("sys/devices/system/node"); a path that would leave the root
+(``..``, an absolute symlink pointing outside) is refused. Reads return typed errors that the probe
+turns into a degraded status: nothing here raises anything but :class:`HostReadError`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
+
+# sysfs attributes are one page at most; a larger file is not what we think it is.
+MAX_ATTR_BYTES = 1 << 20
+
+
+class HostReadError(Exception):
+    """A host file that is missing, unreadable or malformed. ``path`` is root-relative."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class HostFS:
+    """A filesystem root ("/" on the live host, or a captured tree)."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | os.PathLike[str]) -> HostFS:
+        return cls(Path(root).absolute())
+
+    @property
+    def is_live(self) -> bool:
+        return self.root == Path("/")
+
+    def path(self, rel: str) -> Path:
+        """The absolute path of ``rel`` under the root, refusing ``..`` components."""
+        rel = rel.lstrip("/")
+        if any(part == ".." for part in rel.split("/")):
+            raise HostReadError(rel, "path leaves the root")
+        return self.root / rel
+
+    def exists(self, rel: str) -> bool:
+        try:
+            return self.path(rel).exists()
+        except (HostReadError, OSError):
+            return False
+
+    def is_dir(self, rel: str) -> bool:
+        try:
+            return self.path(rel).is_dir()
+        except (HostReadError, OSError):
+            return False
+
+    def listdir(self, rel: str) -> list[str]:
+        """Sorted entries of a directory; a missing directory is an empty list, not an error."""
+        try:
+            return sorted(os.listdir(self.path(rel)))
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:
+            return []
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+
+    def read_text(self, rel: str) -> str:
+        p = self.path(rel)
+        try:
+            with p.open("rb") as fh:
+                data = fh.read(MAX_ATTR_BYTES + 1)
+        except FileNotFoundError as exc:
+            raise HostReadError(rel, "missing") from exc
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+        if len(data) > MAX_ATTR_BYTES:
+            raise HostReadError(rel, f"larger than {MAX_ATTR_BYTES} bytes")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HostReadError(rel, "not UTF-8 text") from exc
+
+    def read_attr(self, rel: str) -> str:
+        """A one-value sysfs attribute, stripped."""
+        return self.read_text(rel).strip()
+
+    def read_int(self, rel: str, base: int = 10) -> int:
+        """An integer attribute. ``base=0`` accepts the ``%#llx`` form (``0x…``, or ``0``)."""
+        text = self.read_attr(rel)
+        try:
+            return int(text, base)
+        except ValueError as exc:
+            raise HostReadError(rel, f"not an integer: {text[:40]!r}") from exc
+
+    def read_cpulist(self, rel: str) -> tuple[int, ...]:
+        text = self.read_text(rel)
+        try:
+            return parse_cpulist(text)
+        except CpuListError as exc:
+            raise HostReadError(rel, str(exc)) from exc
+
+    def read_mask(self, rel: str) -> tuple[int, ...]:
+        text = self.read_text(rel)
+        try:
+            return parse_mask(text)
+        except CpuListError as exc:
+            raise HostReadError(rel, str(exc)) from exc
+
+    def readlink_name(self, rel: str) -> str:
+        """The last component of a symlink's target (``driver`` → ``nvme``)."""
+        try:
+            return os.path.basename(os.readlink(self.path(rel)))
+        except FileNotFoundError as exc:
+            raise HostReadError(rel, "missing") from exc
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+
+    def resolve(self, rel: str) -> str:
+        """The root-relative real path of ``rel``; refuses targets outside the root."""
+        p = self.path(rel)
+        try:
+            real = p.resolve(strict=True)
+        except FileNotFoundError as exc:
+            raise HostReadError(rel, "missing") from exc
+        except (OSError, RuntimeError) as exc:
+            raise HostReadError(rel, f"cannot resolve: {exc}") from exc
+        root = self.root.resolve()
+        if real != root and root not in real.parents:
+            raise HostReadError(rel, "resolves outside the root")
+        return str(real.relative_to(root))

@@ -1,0 +1,283 @@
+"""The typed, immutable parts that probes return and the assembler combines.
+
+One dataclass family per source. Sets of CPUs or nodes are sorted tuples of Linux ids. Sizes are
+bytes, bandwidth MB/s, latency ns; 0 in a performance figure means unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+Ids = tuple[int, ...]
+
+
+# ---- sysfs NUMA (/sys/devices/system/node, /sys/devices/system/cpu) ------------------------------
+@dataclass(frozen=True)
+class HmatAccess:
+    """One accessK/initiators directory of a target node: its best initiators and their figures."""
+
+    access_class: int
+    initiators: Ids
+    read_bandwidth_mbps: int = 0
+    write_bandwidth_mbps: int = 0
+    read_latency_ns: int = 0
+    write_latency_ns: int = 0
+
+    @property
+    def has_figures(self) -> bool:
+        return any((self.read_bandwidth_mbps, self.write_bandwidth_mbps,
+                    self.read_latency_ns, self.write_latency_ns))
+
+
+@dataclass(frozen=True)
+class SideCache:
+    level: int
+    size_bytes: int
+    line_size_bytes: int
+    indexing: int
+    write_policy: int
+
+
+@dataclass(frozen=True)
+class SysNode:
+    id: int
+    cpus: Ids
+    mem_total_bytes: int
+    mem_free_bytes: int
+    # SLIT row; column i is SysNuma.distance_nodes[i] (the nodes online when it was read).
+    distances: tuple[int, ...]
+    # access0 and/or access1, in class order; empty when the kernel has no HMAT data.
+    access: tuple[HmatAccess, ...] = ()
+    side_caches: tuple[SideCache, ...] = ()
+    hugepages_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SysNuma:
+    # None when the mask file is absent (old kernels, non-NUMA kernels).
+    possible: Ids | None
+    online: Ids | None
+    has_cpu: Ids | None
+    has_memory: Ids | None
+    has_normal_memory: Ids | None
+    has_generic_initiator: Ids | None
+    nodes: tuple[SysNode, ...]
+    distance_nodes: Ids
+    cpus_online: Ids
+    cpus_possible: Ids
+    cpus_present: Ids
+    # True when /sys/devices/system/node is absent and node 0 was made from /proc/meminfo.
+    synthesized_single_node: bool = False
+
+
+# ---- kernel memory tiers (/sys/devices/virtual/memory_tiering) -----------------------------------
+@dataclass(frozen=True)
+class KernelTier:
+    id: int
+    nodes: Ids
+
+
+@dataclass(frozen=True)
+class SysTiers:
+    tiers: tuple[KernelTier, ...]
+    demotion_enabled: bool | None
+
+
+# ---- CXL bus and DAX (/sys/bus/cxl/devices, /sys/bus/dax/devices) --------------------------------
+@dataclass(frozen=True)
+class CxlDecoderInfo:
+    name: str
+    kind: str  # root | switch | endpoint
+    start: int
+    size: int
+    interleave_ways: int
+    interleave_granularity: int
+    targets: tuple[str, ...] = ()
+    mode: str = ""
+    region: str = ""
+    cap_ram: bool = False
+    cap_pmem: bool = False
+
+
+@dataclass(frozen=True)
+class CxlMemdevInfo:
+    name: str
+    serial: int
+    ram_size_bytes: int
+    pmem_size_bytes: int
+    host: str  # PCI BDF of the memdev
+    host_bridge: str  # e.g. "pci0000:60"
+    numa_node: int
+    firmware_version: str
+    decoders: tuple[CxlDecoderInfo, ...]  # its endpoint decoders
+
+
+@dataclass(frozen=True)
+class CxlRegionInfo:
+    name: str
+    size_bytes: int
+    resource: int
+    interleave_ways: int
+    interleave_granularity: int
+    targets: tuple[str, ...]  # endpoint decoders, position order
+    memdevs: tuple[str, ...]  # position order
+    mode: str  # ram | pmem
+    committed: bool
+    root_decoder: str = ""
+
+
+@dataclass(frozen=True)
+class DaxInfo:
+    name: str
+    target_node: int  # -1 when none
+    numa_node: int
+    size_bytes: int
+    mode: str  # "system-ram" (kmem), "devdax" (device_dax) or ""
+    cxl_region: str = ""  # the CXL region this memory comes from, "" if not CXL
+    # Kind of the parent: "cxl", "nvdimm" (pmem namespace), "hmem" (soft-reserved SPM), "" unknown
+    parent_kind: str = ""
+
+
+@dataclass(frozen=True)
+class SysCxl:
+    memdevs: tuple[CxlMemdevInfo, ...]
+    regions: tuple[CxlRegionInfo, ...]
+    root_decoders: tuple[CxlDecoderInfo, ...]
+    dax: tuple[DaxInfo, ...]
+
+
+# ---- PCI (/sys/bus/pci/devices, /sys/bus/mdev/devices) --------------------------------------------
+@dataclass(frozen=True)
+class MdevInfo:
+    uuid: str
+    mdev_type: str
+    parent: str  # parent BDF ("" for a non-PCI parent)
+    numa_node: int
+
+
+@dataclass(frozen=True)
+class PciInfo:
+    bdf: str
+    vendor_id: int
+    device_id: int
+    subsystem_vendor_id: int
+    subsystem_device_id: int
+    class_code: int
+    driver: str
+    numa_node: int
+    local_cpus: Ids
+    link_speed: str = ""
+    link_width: int = 0
+    max_link_speed: str = ""
+    max_link_width: int = 0
+    physfn: str = ""
+    virtfns: tuple[str, ...] = ()
+    sriov_total_vfs: int = 0
+    sriov_num_vfs: int = 0
+    msi_irqs: Ids = ()
+    mdevs: tuple[MdevInfo, ...] = ()
+    os_devices: tuple[str, ...] = ()
+    numa_node_inherited: bool = False
+
+
+@dataclass(frozen=True)
+class SysPci:
+    devices: tuple[PciInfo, ...]
+
+
+# ---- allowed CPUs / memory nodes (/proc/self/status, cgroup cpuset) -------------------------------
+@dataclass(frozen=True)
+class Allowed:
+    cpus: Ids
+    mems: Ids
+    cgroup_version: int  # 0 unknown, 1, 2
+    cgroup_path: str
+    effective_cpus: Ids
+    effective_mems: Ids
+
+
+# ---- host identity ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Identity:
+    node_name: str
+    machine_id: str
+    boot_id: str
+
+
+# ---- hwloc ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HwlocNode:
+    os_index: int
+    subtype: str
+    local_memory: int
+    cpuset: Ids  # hwloc's locality cpuset (for a CPU-less node: the CPUs it is attached near)
+    memory_tier: int | None  # hwloc's MemoryTier info, or numanode.memory_tier on newer hwloc
+    package: int | None  # os_index of the package above it, if any
+    info: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HwlocMemattrValue:
+    """One memattr value for a target node: from an initiator cpuset, or from an object."""
+
+    attribute: str  # Bandwidth, Latency, ReadBandwidth, WriteBandwidth, ReadLatency, WriteLatency ...
+    target_node: int
+    value: int
+    initiator_cpus: Ids | None = None
+    initiator_object: str | None = None  # e.g. "NUMANode#2", "PU#7", "Group#2"
+
+
+@dataclass(frozen=True)
+class HwlocDistances:
+    name: str
+    kind: int
+    nodes: Ids  # NUMA os_index of each row/column
+    matrix: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class HwlocOsDevice:
+    name: str
+    kind: str  # gpu, coproc, memory, storage, network, openfabrics, dma, other
+    subtype: str
+    info: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HwlocPci:
+    bdf: str
+    vendor_id: int
+    device_id: int
+    subsystem_vendor_id: int
+    subsystem_device_id: int
+    class_code: int  # 24-bit when hwloc has prog-if, else class<<8
+    link_speed_gbps: float
+    cpuset: Ids  # locality
+    nodeset: Ids
+    os_devices: tuple[HwlocOsDevice, ...]
+    subtype: str = ""
+
+
+@dataclass(frozen=True)
+class HwlocPackage:
+    os_index: int
+    cpus: Ids
+
+
+@dataclass(frozen=True)
+class HwlocPart:
+    version: str
+    nodes: tuple[HwlocNode, ...]
+    packages: tuple[HwlocPackage, ...]
+    pus: Ids
+    cores: int
+    allowed_cpus: Ids
+    allowed_nodes: Ids
+    distances: tuple[HwlocDistances, ...]
+    memattrs: tuple[HwlocMemattrValue, ...]
+    pci: tuple[HwlocPci, ...]
+    # OS devices not under a PCI device (e.g. dax under a package, CXLMem, NVML GPUs without PCI).
+    other_os_devices: tuple[HwlocOsDevice, ...]
+    memory_tiers_nr: int = 0
+    info: Mapping[str, str] = field(default_factory=dict)

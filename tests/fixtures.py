@@ -1,0 +1,55 @@
+"""Access to the shared fixtures (../shared beside the checkout), extracted once per test session."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from functools import cache
+from pathlib import Path
+
+from discovery.capture import extract, find_root
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("MEMTOPO_SHARED", REPO.parent / "shared"))
+HWLOC_LINUX = SHARED / "fixtures" / "hwloc" / "linux"
+HWLOC_XML = SHARED / "fixtures" / "hwloc" / "xml"
+LAB_CAPTURES = SHARED / "lab" / "captures"
+_CACHE = Path(os.environ.get("MEMTOPO_FIXTURE_CACHE", "/tmp/memtopo-fixture-cache"))
+
+
+@cache
+def extracted(tarball: Path) -> Path:
+    """Extract a fixture tarball once (cached across runs under /tmp) and return its root."""
+    dest = _CACHE / tarball.name
+    stamp = dest / ".complete"
+    if not stamp.exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        extract(tarball, dest)
+        stamp.write_text("ok")
+    return find_root(dest)
+
+
+def hwloc_root(name: str) -> Path:
+    """Root of ``linux/<name>.tar.bz2``."""
+    return extracted(HWLOC_LINUX / f"{name}.tar.bz2")
+
+
+def lab_root(profile: str) -> Path:
+    return extracted(LAB_CAPTURES / f"{profile}.tar.gz")
+
+
+def hwloc_test_env(test_name: str) -> dict[str, str]:
+    """The ``env:`` lines of an hwloc ``.test`` file (``export X`` lines are no-ops)."""
+    env: dict[str, str] = {}
+    for line in (HWLOC_LINUX / f"{test_name}.test").read_text().splitlines():
+        if not line.startswith("env:"):
+            continue
+        body = line[4:].strip()
+        if body.startswith("export "):
+            continue
+        key, _, value = body.partition("=")
+        (val,) = shlex.split(value) or [""]
+        env[key.strip()] = val
+    return env
