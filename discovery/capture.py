@@ -7,6 +7,7 @@ lab write), usable both as a memtopo ``--root`` and as ``HWLOC_FSROOT``.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import tarfile
 import tempfile
@@ -58,3 +59,169 @@ def open_root(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise CaptureError(f"{p}: neither a directory nor a tar archive ({', '.join(TAR_SUFFIXES)})")
     with tempfile.TemporaryDirectory(prefix="memtopo-root-") as tmp:
         yield extract(p, Path(tmp))
+
+
+# ---- gather ----------------------------------------------------------------------------------------
+# Subtrees copied whole (symlinks kept as symlinks, never followed). Together they are what every
+# probe and hwloc's Linux backend read, plus what hwloc-gather-topology leaves out (tiers, CXL, KFD).
+GATHER_TREES = (
+    "sys/devices/system/node",
+    "sys/devices/system/cpu",
+    "sys/bus/cpu/devices",
+    "sys/bus/node/devices",
+    "sys/bus/pci/devices",
+    "sys/bus/pci/slots",
+    "sys/bus/cxl/devices",
+    "sys/bus/dax/devices",
+    "sys/bus/dax/drivers",
+    "sys/bus/mdev/devices",
+    "sys/devices/virtual/memory_tiering",
+    "sys/devices/virtual/dmi",
+    "sys/kernel/mm/numa",
+    "sys/kernel/mm/hugepages",
+    "sys/class/kfd",
+    "sys/class/net",
+    "sys/class/infiniband",
+    "sys/class/nvme",
+    "sys/class/block",
+    "sys/class/drm",
+    "sys/class/dax",
+    "sys/class/accel",
+    "proc/irq",
+    "proc/driver/nvidia",
+)
+# Device trees that the /sys/bus links above point into.
+GATHER_GLOBS = ("sys/devices/pci*", "sys/devices/platform/ACPI0017:*", "sys/devices/platform/hmem*")
+GATHER_FILES = (
+    "proc/cpuinfo", "proc/meminfo", "proc/interrupts", "proc/mounts", "proc/stat", "proc/version",
+    "proc/cmdline", "proc/self/status", "proc/self/cgroup", "proc/self/mountinfo", "proc/self/cpuset",
+    "proc/sys/kernel/hostname", "proc/sys/kernel/random/boot_id", "proc/sys/kernel/numa_balancing",
+    "etc/machine-id", "sys/devices/system/memory/block_size_bytes",
+    "sys/devices/system/memory/auto_online_blocks",
+)
+# Attributes that act when read or written, read device registers, or are large and useless here.
+GATHER_SKIP_NAMES = frozenset({
+    "remove", "rescan", "reset", "bind", "unbind", "new_id", "remove_id", "rom", "vpd",
+    "label_storage_area", "trigger_poison_list", "compact", "reclaim", "driver_override",
+})
+GATHER_SKIP_PREFIXES = ("resource",)
+GATHER_SKIP_DIRS = frozenset({"power", "statistics", "queues", "trace", "mq", "holders", "slaves"})
+MAX_GATHER_FILE = 64 * 1024
+
+
+def gather(out: Path, root: Path = Path("/")) -> int:
+    """Write a capture of ``root`` to ``out`` (a .tar.gz/.tar.xz/.tar); returns the entry count.
+
+    Unreadable attributes are skipped: a capture is for reading back, and an attribute the host
+    refuses to give (EIO, EACCES, write-only) is absent in the capture as it is to any reader.
+    """
+    count = 0
+    seen: set[str] = set()
+    with _open_for_writing(out) as tf:
+        def add(rel: str) -> None:
+            nonlocal count
+            if rel in seen:
+                return
+            seen.add(rel)
+            if _add_entry(tf, root, rel):
+                count += 1
+
+        for rel in _gather_paths(root):
+            add(rel)
+    return count
+
+
+def _open_for_writing(out: Path) -> tarfile.TarFile:
+    if out.name.endswith((".gz", ".tgz")):
+        return tarfile.open(out, "w:gz")
+    if out.name.endswith((".xz", ".txz")):
+        return tarfile.open(out, "w:xz")
+    return tarfile.open(out, "w")
+
+
+def _gather_paths(root: Path) -> list[str]:
+    paths: list[str] = []
+    trees = list(GATHER_TREES)
+    for pattern in GATHER_GLOBS:
+        parent, _, glob = pattern.rpartition("/")
+        trees += [f"{parent}/{p.name}" for p in sorted((root / parent).glob(glob))]
+    trees += _cgroup_dirs(root)
+    for tree in trees:
+        paths += _walk(root, tree)
+    paths += [f for f in GATHER_FILES if (root / f).exists()]
+    return paths
+
+
+def _walk(root: Path, tree: str) -> list[str]:
+    start = root / tree
+    if not start.exists() and not start.is_symlink():
+        return []
+    if start.is_symlink() or not start.is_dir():
+        return [tree]
+    out = [tree]
+    for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, root)
+        keep = []
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                out.append(f"{rel_dir}/{d}")
+            elif d not in GATHER_SKIP_DIRS:
+                keep.append(d)
+                out.append(f"{rel_dir}/{d}")
+        dirnames[:] = keep
+        out += [f"{rel_dir}/{f}" for f in filenames
+                if f not in GATHER_SKIP_NAMES and not f.startswith(GATHER_SKIP_PREFIXES)]
+    return out
+
+
+def _cgroup_dirs(root: Path) -> list[str]:
+    """The cpuset cgroup directories of this process (and their parents), for the allowed probe."""
+    out: list[str] = []
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            bases = ["sys/fs/cgroup", "sys/fs/cgroup/unified"]
+        elif "cpuset" in controllers.split(","):
+            bases = ["sys/fs/cgroup/cpuset"]
+        else:
+            continue
+        for base in bases:
+            parts = [p for p in path.split("/") if p and p != ".."]
+            for depth in range(len(parts) + 1):
+                d = "/".join([base, *parts[:depth]])
+                if (root / d).is_dir():
+                    out += [f"{d}/{f.name}" for f in (root / d).iterdir()
+                            if f.name.startswith(("cpuset.", "cgroup.controllers", "cgroup.subtree_control"))]
+    return out
+
+
+def _add_entry(tf: tarfile.TarFile, root: Path, rel: str) -> bool:
+    full = root / rel
+    info = tarfile.TarInfo(rel)
+    info.mtime = 0
+    try:
+        st = full.lstat()
+        if full.is_symlink():
+            info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)
+            tf.addfile(info)
+            return True
+        if full.is_dir():
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tf.addfile(info)
+            return True
+        if not (st.st_mode & 0o444):
+            return False
+        with full.open("rb") as fh:
+            data = fh.read(MAX_GATHER_FILE + 1)
+    except OSError:
+        return False
+    if len(data) > MAX_GATHER_FILE:
+        return False
+    info.size, info.mode = len(data), 0o644
+    tf.addfile(info, io.BytesIO(data))
+    return True

@@ -14,8 +14,11 @@ class CpuListError(ValueError):
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
-    """Parse a kernel list (``%*pbl``), including the ``a-b:stride/group`` form. Empty → ()."""
-    text = text.strip()
+    """Parse a kernel list (``%*pbl``), including the ``a-b:stride/group`` form. Empty → ().
+
+    Trailing NULs are tolerated: hwloc-gathered trees pad some files with them.
+    """
+    text = text.strip().rstrip("\0").strip()
     if not text:
         return ()
     ids: set[int] = set()
@@ -58,7 +61,7 @@ def _to_id(s: str, whole: str) -> int:
 
 def parse_mask(text: str) -> tuple[int, ...]:
     """Parse a kernel hex mask (``%*pb``): 32-bit words, most significant first, comma separated."""
-    digits = text.strip().replace(",", "")
+    digits = text.strip().rstrip("\0").strip().replace(",", "")
     if digits.startswith(("0x", "0X")):
         digits = digits[2:]
     if not digits:

@@ -15,6 +15,7 @@ from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
 
 # sysfs attributes are one page at most; a larger file is not what we think it is.
 MAX_ATTR_BYTES = 1 << 20
+_READ_CHUNK = 1 << 16
 
 
 class HostReadError(Exception):
@@ -71,24 +72,36 @@ class HostFS:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
 
     def read_text(self, rel: str) -> str:
+        # os.read with a page-sized buffer: a buffered read(MAX) allocates the whole limit per call,
+        # which dominated discovery on machines with thousands of attributes.
         p = self.path(rel)
         try:
-            with p.open("rb") as fh:
-                data = fh.read(MAX_ATTR_BYTES + 1)
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise HostReadError(rel, "missing") from exc
         except OSError as exc:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
-        if len(data) > MAX_ATTR_BYTES:
-            raise HostReadError(rel, f"larger than {MAX_ATTR_BYTES} bytes")
+        try:
+            chunks = []
+            total = 0
+            while chunk := os.read(fd, _READ_CHUNK):
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > MAX_ATTR_BYTES:
+                    raise HostReadError(rel, f"larger than {MAX_ATTR_BYTES} bytes")
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+        finally:
+            os.close(fd)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise HostReadError(rel, "not UTF-8 text") from exc
 
     def read_attr(self, rel: str) -> str:
-        """A one-value sysfs attribute, stripped."""
-        return self.read_text(rel).strip()
+        """A one-value sysfs attribute, stripped (some captured trees pad files with NULs)."""
+        return self.read_text(rel).strip().strip("\0").strip()
 
     def read_int(self, rel: str, base: int = 10) -> int:
         """An integer attribute. ``base=0`` accepts the ``%#llx`` form (``0x…``, or ``0``)."""

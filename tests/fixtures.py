@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -22,12 +23,15 @@ _CACHE = Path(os.environ.get("MEMTOPO_FIXTURE_CACHE", "/tmp/memtopo-fixture-cach
 def extracted(tarball: Path) -> Path:
     """Extract a fixture tarball once (cached across runs under /tmp) and return its root."""
     dest = _CACHE / tarball.name
-    stamp = dest / ".complete"
-    if not stamp.exists():
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        extract(tarball, dest)
-        stamp.write_text("ok")
+    if not dest.exists():
+        # Extract beside and rename: parallel test processes must never see a half-written tree.
+        _CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=_CACHE, prefix=f".{tarball.name}."))
+        extract(tarball, tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process won the race; its tree is as good as ours
+            shutil.rmtree(tmp, ignore_errors=True)
     return find_root(dest)
 
 

@@ -254,7 +254,7 @@ class MemoryTopology(_message.Message):
     """Increases by one each time the agent publishes content with a new fingerprint."""
     fingerprint: _builtins.str
     """Hex SHA-256 over the content with volatile fields (time, generation, free bytes,
-    source timings) cleared and every list in canonical order.
+    source timings, source_root) cleared and every list in canonical order.
     """
     total_capacity_bytes: _builtins.int
     source_root: _builtins.str

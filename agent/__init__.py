@@ -1,0 +1,1 @@
+"""The agent: CLI, daemon, gRPC services, controller link, health and metrics."""

@@ -1,0 +1,146 @@
+"""Human view of a MemoryTopology: what an operator reads first, in the units they think in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from discovery.cpulist import format_cpulist
+from memtopo.v1 import topology_pb2 as pb
+
+# Above this many domains the pairwise link table is summarised: 64 nodes make 2016 pairs.
+MAX_LINK_ROWS = 16
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return format_cpulist(ids) or "-"
+
+
+def _enum(enum: object, value: int, prefix: str) -> str:
+    name: str = enum.Name(value)  # type: ignore[attr-defined]
+    return name.removeprefix(prefix).lower().replace("_", "-")
+
+
+def _perf(p: pb.LinkPerformance) -> str:
+    if p.source in (pb.PERFORMANCE_SOURCE_UNSPECIFIED, pb.PERFORMANCE_SOURCE_SLIT):
+        return "-"
+    bw = p.read_bandwidth_mbps or p.write_bandwidth_mbps
+    lat = p.read_latency_ns or p.write_latency_ns
+    src = _enum(pb.PerformanceSource, p.source, "PERFORMANCE_SOURCE_")
+    if p.access_class >= 0:
+        src += f" access{p.access_class}"
+    return f"{f'{bw} MB/s' if bw else '? MB/s'} {f'{lat} ns' if lat else '? ns'} ({src})"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    fmt = indent + "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*headers).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
+
+
+def render(topo: pb.MemoryTopology) -> str:
+    out: list[str] = []
+    out.append(f"node {topo.node_name or '?'}  machine-id {topo.machine_id or '?'}  boot-id {topo.boot_id or '?'}")
+    out.append(f"generation {topo.generation}  fingerprint {topo.fingerprint[:16]}  root {topo.source_root}")
+    c = topo.cpus
+    offline = f", offline {_ids(c.offline)}" if c.offline else ""
+    out.append(f"cpus {_ids(c.online)} online ({len(c.online)}){offline}; {c.packages} package(s), {c.cores} core(s)")
+    cg = topo.cgroup
+    cgroup = f"cgroup {_enum(pb.Cgroup.Version, cg.version, 'VERSION_')} {cg.path}" if cg.version else "cgroup ?"
+    out.append(f"allowed cpus {_ids(topo.allowed_cpus)}  mems {_ids(topo.allowed_memory_nodes)}  ({cgroup})")
+    out.append(f"total capacity {human_bytes(topo.total_capacity_bytes)} in {len(topo.domains)} domain(s)")
+
+    out += ["", "Memory domains"]
+    rows = []
+    for d in topo.domains:
+        tier = f"{d.kernel_tier if d.kernel_tier >= 0 else '-'}/{d.hwloc_tier if d.hwloc_tier >= 0 else '-'}"
+        rows.append([str(d.id), _enum(pb.MemoryDomainType, d.type, "MEMORY_DOMAIN_TYPE_"), _ids(d.numa_nodes),
+                     _ids(d.attached_cpus), _ids(d.local_cpus), human_bytes(d.capacity_bytes),
+                     human_bytes(d.free_bytes), tier, d.subtype or "-", _perf(d.local_performance)])
+    out += _table(["ID", "TYPE", "NODES", "CPUS", "LOCAL-CPUS", "CAPACITY", "FREE", "TIER(k/h)", "SUBTYPE",
+                   "LOCAL BW/LAT"], rows)
+
+    out += ["", "NUMA nodes"]
+    rows = []
+    for n in topo.numa_nodes:
+        state = "online" if n.state == pb.NUMA_NODE_STATE_ONLINE else "possible-offline"
+        flags = ",".join(f for f, on in (("cpu", n.has_cpu), ("mem", n.has_memory),
+                                          ("normal", n.has_normal_memory), ("gi", n.generic_initiator)) if on)
+        rows.append([str(n.id), state, flags or "-", _ids(n.cpus), human_bytes(n.memory_bytes),
+                     str(n.domain) if n.domain >= 0 else "-", _ids(n.initiator_nodes), _ids(n.packages)])
+    out += _table(["NODE", "STATE", "HAS", "CPUS", "MEMORY", "DOMAIN", "HMAT-INITIATORS", "PACKAGES"], rows)
+
+    with_rows = [n for n in topo.numa_nodes if n.distances]
+    if with_rows:
+        cols = list(with_rows[0].distance_nodes)
+        out += ["", "NUMA distances (SLIT)"]
+        out += _table(["node", *map(str, cols)],
+                      [[str(n.id), *map(str, n.distances)] for n in with_rows])
+
+    if topo.interconnects:
+        out += ["", "Interconnects"]
+        perf_known = [i for i in topo.interconnects
+                      if i.a_to_b.source not in (pb.PERFORMANCE_SOURCE_SLIT, 0)
+                      or i.b_to_a.source not in (pb.PERFORMANCE_SOURCE_SLIT, 0)]
+        shown = topo.interconnects if len(topo.domains) <= MAX_LINK_ROWS else perf_known
+        rows = [[f"{i.domain_a}-{i.domain_b}", _enum(pb.MemoryLinkType, i.link_type, "MEMORY_LINK_TYPE_"),
+                 f"{i.distance_a_to_b}/{i.distance_b_to_a}", _perf(i.a_to_b), _perf(i.b_to_a)] for i in shown]
+        out += _table(["PAIR", "LINK", "DIST", "A→B", "B→A"], rows)
+        if len(shown) < len(topo.interconnects):
+            out.append(f"  ... {len(topo.interconnects) - len(shown)} more pairs with SLIT distance only"
+                       " (--format json has them all)")
+
+    if topo.memory_tiers:
+        out += ["", "Memory tiers"]
+        for t in topo.memory_tiers:
+            if t.source == pb.TIER_SOURCE_KERNEL:
+                out.append(f"  kernel memory_tier{t.id}: nodes {_ids(t.numa_nodes)} (domains {_ids(t.domains)})")
+            else:
+                out.append(f"  hwloc tier {t.id} ({t.kind}): nodes {_ids(t.numa_nodes)}")
+        out.append(f"  demotion {'enabled' if topo.demotion_enabled else 'disabled'}")
+
+    if topo.cxl_devices or topo.cxl_regions:
+        out += ["", "CXL"]
+        for m in topo.cxl_devices:
+            out.append(f"  {m.name}: serial {m.serial:#x} ram {human_bytes(m.ram_size_bytes)} "
+                       f"pmem {human_bytes(m.pmem_size_bytes)} host {m.host} ({m.host_bridge}) node {m.numa_node}")
+        for r in topo.cxl_regions:
+            onlined = f"node {r.numa_node}" if r.numa_node >= 0 else "not onlined"
+            out.append(f"  {r.name}: {human_bytes(r.size_bytes)} {r.mode} ways {r.interleave_ways} "
+                       f"granularity {r.interleave_granularity} targets {','.join(r.targets) or '-'} "
+                       f"memdevs {','.join(r.memdevs) or '-'} dax {','.join(r.dax_devices) or '-'} "
+                       f"{r.dax_mode or ''} → {onlined}")
+
+    if topo.pci_devices:
+        out += ["", "PCI devices by NUMA node"]
+        groups: dict[int, list[pb.PciDevice]] = {}
+        for p in topo.pci_devices:
+            if p.kind != pb.PCI_DEVICE_KIND_BRIDGE:
+                groups.setdefault(p.numa_node, []).append(p)
+        for node in sorted(groups, key=lambda n: (n < 0, n)):
+            out.append(f"  node {node}:" if node >= 0 else "  no affinity (numa_node -1):")
+            rows = []
+            for p in groups[node]:
+                sriov = f"VF of {p.physfn}" if p.physfn else (f"{len(p.virtfns)} VFs" if p.virtfns else "")
+                rows.append([p.bdf, _enum(pb.PciDeviceKind, p.kind, "PCI_DEVICE_KIND_"),
+                             f"{p.vendor_id:04x}:{p.device_id:04x}", p.driver or "-",
+                             ",".join(p.os_devices) or "-", _ids(p.local_cpus),
+                             f"{p.link_speed} x{p.link_width}" if p.link_width else (p.link_speed or "-"),
+                             sriov or "-", str(len(p.msi_irqs))])
+            out += _table(["BDF", "KIND", "ID", "DRIVER", "OS-DEVICES", "LOCAL-CPUS", "LINK", "SR-IOV", "MSI"],
+                          rows, indent="    ")
+
+    out += ["", "Sources"]
+    for s in topo.sources:
+        state = _enum(pb.SourceState, s.state, "SOURCE_STATE_")
+        out.append(f"  {s.source:<20} {state:<12} {s.duration_seconds * 1000:6.1f} ms")
+        out += [f"      {r}" for r in s.reasons]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,118 @@
+"""Full discovery against hwloc's own load of the same root, measured in the same run.
+
+For each root: the baseline is pyhwloc's public API loading the topology with the flags and I/O
+filter our probe uses (and nothing else); the subject is memtopo's whole discovery (every probe,
+the assembly, the protobuf message and its fingerprint). Each root runs in its own process so the
+peak RSS column is that root's. Target: ratio <= 2.0 (stretch 1.5).
+
+    .venv/bin/python bench/discovery.py [--repeat N] [ROOT_NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.fixtures import HWLOC_XML, hwloc_root  # noqa: E402
+
+# name -> (kind, path); "this host" reads the live root.
+ROOTS: dict[str, tuple[str, str]] = {
+    "256ia64-64n2s2c": ("fsroot", "256ia64-64n2s2c"),
+    "192em64t-24n8c2t.xml": ("xml", "192em64t-24n8c2t.xml"),
+    "nvidiaDGX2.xml": ("xml", "nvidiaDGX2.xml"),
+    "32em64t-2n8c+dax+nvme+mic+dimms": ("fsroot", "32em64t-2n8c+dax+nvme+mic+dimms"),
+    "this host": ("live", "/"),
+}
+
+
+def _hwloc_load(kind: str, path: str) -> Callable[[], None]:
+    from pyhwloc import Topology
+    from pyhwloc.topology import TopologyFlags, TypeFilter
+
+    env = {"xml": {"HWLOC_MEMTIERS_REFRESH": "1"}, "live": {},
+           "fsroot": {"HWLOC_FSROOT": path, "HWLOC_COMPONENTS": "linux,stop"}}[kind]
+
+    def load() -> None:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            topo = Topology.from_xml_file(path) if kind == "xml" else Topology.from_this_system()
+            topo.set_flags(TopologyFlags.INCLUDE_DISALLOWED)
+            with topo.set_io_types_filter(TypeFilter.KEEP_ALL):
+                pass
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return load
+
+
+def _discover(kind: str, path: str) -> Callable[[], None]:
+    from discovery.discover import discover
+    from discovery.source import ProbeContext
+
+    ctx = (ProbeContext.at_root("/", hwloc_xml=Path(path)) if kind == "xml"
+           else ProbeContext.live() if kind == "live" else ProbeContext.at_root(path))
+    def run() -> None:
+        discover(ctx)
+    return run
+
+
+def _time(fn: Callable[[], None], repeat: int) -> tuple[float, float]:
+    fn()  # warm caches (page cache, imports, ctypes prototypes) for both sides alike
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return min(samples), statistics.median(samples)
+
+
+def measure_one(name: str, repeat: int) -> dict[str, float]:
+    kind, arg = ROOTS[name]
+    path = str(HWLOC_XML / arg) if kind == "xml" else str(hwloc_root(arg)) if kind == "fsroot" else "/"
+    base_min, base_med = _time(_hwloc_load(kind, path), repeat)
+    full_min, full_med = _time(_discover(kind, path), repeat)
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"hwloc_ms": base_med * 1e3, "full_ms": full_med * 1e3, "ratio": full_med / base_med,
+            "ratio_min": full_min / base_min, "rss_mib": rss_mib}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("names", nargs="*", default=list(ROOTS))
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure_one(args.one, args.repeat)))
+        return 0
+    rows = []
+    for name in args.names:
+        out = subprocess.run([sys.executable, __file__, "--repeat", str(args.repeat), "--one", name],
+                             capture_output=True, text=True, check=True, cwd=REPO)
+        rows.append((name, json.loads(out.stdout.strip().splitlines()[-1])))
+    print(f"{'root':<34} {'hwloc load ms':>13} {'full discovery ms':>17} {'ratio':>6} {'ratio(min)':>10} "
+          f"{'peak RSS MiB':>12}")
+    for name, r in rows:
+        print(f"{name:<34} {r['hwloc_ms']:>13.2f} {r['full_ms']:>17.2f} {r['ratio']:>6.2f} "
+              f"{r['ratio_min']:>10.2f} {r['rss_mib']:>12.1f}")
+    print("(median of --repeat runs after one warm-up; ratio = full / hwloc; target <= 2.0)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,523 @@
+"""Assembler: combine the probes' parts into one ``MemoryTopology``.
+
+Precedence where sources overlap: the kernel's own files (sysfs) are authoritative for what the
+kernel decides (node ids, CPUs, capacity, PCI ``numa_node``, HMAT figures, tiers); hwloc supplies
+what it derives (packages, subtypes, tier ranks, PCI locality, OS device names) and everything when
+the input is an hwloc XML export. Where both know a fact and disagree, the hwloc source status says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from discovery.cpulist import format_cpulist
+from discovery.parts import (
+    Allowed,
+    DaxInfo,
+    HmatAccess,
+    HwlocNode,
+    HwlocPart,
+    Identity,
+    SysCxl,
+    SysNode,
+    SysNuma,
+    SysPci,
+    SysTiers,
+)
+from discovery.pci_ids import classify
+from discovery.source import ProbeResult, SourceStatus, State
+from memtopo.v1 import topology_pb2 as pb
+
+# hwloc's own rule for calling memory HBM from bandwidth: more than twice the DRAM figure.
+HBM_BANDWIDTH_FACTOR = 2
+# hwloc's local_memory excludes huge pages; beyond that, sizes may differ by rounding only.
+CAPACITY_TOLERANCE = 0.01
+
+_STATE = {
+    State.OK: pb.SOURCE_STATE_OK,
+    State.DEGRADED: pb.SOURCE_STATE_DEGRADED,
+    State.UNAVAILABLE: pb.SOURCE_STATE_UNAVAILABLE,
+}
+_KIND = {
+    "gpu": pb.PCI_DEVICE_KIND_GPU,
+    "nic": pb.PCI_DEVICE_KIND_NIC,
+    "infiniband": pb.PCI_DEVICE_KIND_INFINIBAND,
+    "nvme": pb.PCI_DEVICE_KIND_NVME,
+    "npu": pb.PCI_DEVICE_KIND_NPU,
+    "xpu": pb.PCI_DEVICE_KIND_XPU,
+    "accelerator": pb.PCI_DEVICE_KIND_ACCELERATOR,
+    "cxl_memory": pb.PCI_DEVICE_KIND_CXL_MEMORY,
+    "bridge": pb.PCI_DEVICE_KIND_BRIDGE,
+    "storage": pb.PCI_DEVICE_KIND_STORAGE,
+    "other": pb.PCI_DEVICE_KIND_OTHER,
+}
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Every probe's result; a probe that did not run is None."""
+
+    identity: ProbeResult[Identity] | None = None
+    numa: ProbeResult[SysNuma] | None = None
+    tiers: ProbeResult[SysTiers] | None = None
+    cxl: ProbeResult[SysCxl] | None = None
+    pci: ProbeResult[SysPci] | None = None
+    allowed: ProbeResult[Allowed] | None = None
+    hwloc: ProbeResult[HwlocPart] | None = None
+    extra_statuses: tuple[SourceStatus, ...] = field(default=())
+
+
+def _data[T](result: ProbeResult[T] | None) -> T | None:
+    """A part's data, unless its source was unavailable (then it has nothing to say)."""
+    if result is None or result.status.state is State.UNAVAILABLE:
+        return None
+    return result.data
+
+
+@dataclass
+class _Node:
+    """Working record for one NUMA node while assembling."""
+
+    id: int
+    online: bool
+    cpus: tuple[int, ...] = ()
+    memory: int = 0
+    free: int = 0
+    distances: tuple[int, ...] = ()
+    distance_nodes: tuple[int, ...] = ()
+    sys: SysNode | None = None
+    hw: HwlocNode | None = None
+    domain: int = -1
+
+
+def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
+    numa = _data(parts.numa)
+    hw = _data(parts.hwloc)
+    tiers = _data(parts.tiers)
+    cxl = _data(parts.cxl)
+    pci = _data(parts.pci)
+    allowed = _data(parts.allowed)
+    identity = parts.identity.data if parts.identity else None
+
+    consistency: list[str] = []
+    nodes = _nodes(numa, hw, consistency)
+    by_id = {n.id: n for n in nodes}
+    kernel_tier_of = {node: t.id for t in (tiers.tiers if tiers else ()) for node in t.nodes}
+    dax_by_node = _dax_by_target(cxl)
+    regions = list(cxl.regions) if cxl else []
+    region_index = {r.name: i for i, r in enumerate(regions)}
+
+    topo = pb.MemoryTopology(source_root=source_root)
+    if identity:
+        topo.node_name, topo.machine_id, topo.boot_id = (
+            identity.node_name, identity.machine_id, identity.boot_id)
+
+    # Domains: one per online node with memory, in node order.
+    mem_nodes = [n for n in nodes if n.online and n.memory > 0]
+    dram_bw = _dram_reference_bandwidth(mem_nodes)
+    memattrs = _MemattrIndex(hw)
+    for idx, node in enumerate(mem_nodes):
+        node.domain = idx
+    normal = set(numa.has_normal_memory) if numa and numa.has_normal_memory is not None else None
+    for node in mem_nodes:
+        subtype = node.hw.subtype if node.hw else ""
+        dax = dax_by_node.get(node.id)
+        dtype = _domain_type(node, subtype, dax, dram_bw)
+        d = topo.domains.add(
+            id=node.domain,
+            type=dtype,
+            capacity_bytes=node.memory,
+            free_bytes=node.free,
+            numa_nodes=[node.id],
+            attached_cpus=node.cpus,
+            kernel_tier=kernel_tier_of.get(node.id, -1),
+            hwloc_tier=node.hw.memory_tier if node.hw and node.hw.memory_tier is not None else -1,
+            subtype=subtype,
+            distances=[_distance(node, other) for other in mem_nodes],
+            local_cpus=_local_cpus(node, by_id),
+            movable_only=normal is not None and node.id not in normal,
+            cxl_region=region_index.get(dax.cxl_region, -1) if dax and dax.cxl_region else -1,
+        )
+        if node.sys:
+            for c in node.sys.side_caches:
+                d.memory_side_caches.add(
+                    level=c.level, size_bytes=c.size_bytes, line_size_bytes=c.line_size_bytes,
+                    indexing=c.indexing, write_policy=c.write_policy)
+        best = _best_initiator_perf(node, memattrs)
+        if best is not None:
+            d.local_performance.CopyFrom(best)
+    topo.total_capacity_bytes = sum(d.capacity_bytes for d in topo.domains)
+
+    _interconnects(topo, mem_nodes, memattrs)
+    _numa_nodes(topo, nodes, numa, hw)
+    _tiers(topo, tiers, mem_nodes)
+    _cxl(topo, cxl, regions)
+    _pci(topo, pci, hw, nodes, consistency)
+    _cpus_and_allowed(topo, numa, hw, allowed)
+    topo.demotion_enabled = bool(tiers and tiers.demotion_enabled)
+    _statuses(topo, parts, consistency)
+    return topo
+
+
+# ---- nodes ---------------------------------------------------------------------------------------
+def _nodes(numa: SysNuma | None, hw: HwlocPart | None, consistency: list[str]) -> list[_Node]:
+    sys_nodes = {n.id: n for n in numa.nodes} if numa else {}
+    hw_nodes = {n.os_index: n for n in hw.nodes} if hw else {}
+    online = set(numa.online) if numa and numa.online is not None else set(sys_nodes) | set(hw_nodes)
+    possible = set(numa.possible) if numa and numa.possible is not None else set()
+    own_cpus = _hwloc_own_cpus(hw) if hw and not numa else {}
+    hw_distance = _hwloc_distance_rows(hw) if hw else {}
+
+    out: list[_Node] = []
+    for nid in sorted(online | possible | set(sys_nodes) | set(hw_nodes)):
+        s, h = sys_nodes.get(nid), hw_nodes.get(nid)
+        node = _Node(id=nid, online=nid in online and (s is not None or h is not None), sys=s, hw=h)
+        if s is not None:
+            node.cpus, node.memory, node.free = s.cpus, s.mem_total_bytes, s.mem_free_bytes
+            node.distances, node.distance_nodes = s.distances, numa.distance_nodes if numa else ()
+        elif h is not None:
+            node.cpus, node.memory = own_cpus.get(nid, ()), h.local_memory
+            node.distance_nodes, node.distances = hw_distance.get(nid, ((), ()))
+        if s is not None and h is not None:
+            _check_node(s, h, consistency)
+        out.append(node)
+    if numa and hw:
+        hidden = sorted(nid for nid in sys_nodes if nid in online and nid not in hw_nodes
+                        and sys_nodes[nid].mem_total_bytes > 0)
+        if hidden:
+            consistency.append(f"hwloc does not show NUMA nodes {_fmt(hidden)} that sysfs has with memory")
+    return out
+
+
+def _check_node(s: SysNode, h: HwlocNode, consistency: list[str]) -> None:
+    if s.cpus and not set(s.cpus) <= set(h.cpuset):
+        consistency.append(
+            f"node {s.id}: sysfs cpus {_fmt(s.cpus)} not within hwloc cpuset {_fmt(h.cpuset)}")
+    explained = s.hugepages_bytes + CAPACITY_TOLERANCE * s.mem_total_bytes
+    if abs(s.mem_total_bytes - h.local_memory) > explained:
+        consistency.append(
+            f"node {s.id}: sysfs MemTotal {s.mem_total_bytes} vs hwloc local_memory {h.local_memory}")
+
+
+def _hwloc_own_cpus(hw: HwlocPart) -> dict[int, tuple[int, ...]]:
+    """Which node owns each PU when only hwloc is known (XML input).
+
+    hwloc gives CPU-less memory the cpuset of its locality, so several nodes can share a PU. A PU
+    belongs to the node with the smallest cpuset containing it; among equals, to plain DRAM (no
+    subtype or "DRAM") first, then the lowest id.
+    """
+    owner: dict[int, int] = {}
+    ranked = sorted(hw.nodes, key=lambda n: (len(n.cpuset), n.subtype not in ("", "DRAM"), n.os_index))
+    for n in ranked:
+        for cpu in n.cpuset:
+            owner.setdefault(cpu, n.os_index)
+    own: dict[int, list[int]] = {}
+    for cpu, nid in owner.items():
+        own.setdefault(nid, []).append(cpu)
+    return {nid: tuple(sorted(cpus)) for nid, cpus in own.items()}
+
+
+def _hwloc_distance_rows(hw: HwlocPart) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Rows of hwloc's NUMA latency matrix (NUMALatency preferred, else the first one)."""
+    if not hw.distances:
+        return {}
+    matrix = next((d for d in hw.distances if d.name == "NUMALatency"), hw.distances[0])
+    order = sorted(range(len(matrix.nodes)), key=lambda i: matrix.nodes[i])
+    cols = tuple(matrix.nodes[i] for i in order)
+    return {matrix.nodes[i]: (cols, tuple(matrix.matrix[i][j] for j in order)) for i in order}
+
+
+def _distance(a: _Node, b: _Node) -> int:
+    try:
+        return a.distances[a.distance_nodes.index(b.id)]
+    except (ValueError, IndexError):
+        return 0
+
+
+def _local_cpus(node: _Node, by_id: Mapping[int, _Node]) -> tuple[int, ...]:
+    if node.hw is not None and node.hw.cpuset:
+        return node.hw.cpuset
+    if node.cpus:
+        return node.cpus
+    initiators = _hmat_initiators(node)
+    return tuple(sorted({c for i in initiators if i in by_id for c in by_id[i].cpus}))
+
+
+def _hmat_access(node: _Node) -> HmatAccess | None:
+    """The access class to trust: access1 (CPU initiators) first, as the kernel does for tiers."""
+    if node.sys is None or not node.sys.access:
+        return None
+    by_class = {a.access_class: a for a in node.sys.access}
+    return by_class.get(1) or by_class.get(0)
+
+
+def _hmat_initiators(node: _Node) -> tuple[int, ...]:
+    acc = _hmat_access(node)
+    return acc.initiators if acc else ()
+
+
+# ---- domain classification -------------------------------------------------------------------------
+def _dram_reference_bandwidth(mem_nodes: Sequence[_Node]) -> int:
+    """HMAT read bandwidth of CPU-bearing nodes (the DRAM reference), 0 when unknown."""
+    figures = sorted(a.read_bandwidth_mbps for n in mem_nodes if n.cpus
+                     if (a := _hmat_access(n)) is not None and a.read_bandwidth_mbps)
+    return figures[len(figures) // 2] if figures else 0
+
+
+def _domain_type(
+    node: _Node, subtype: str, dax: DaxInfo | None, dram_bw: int
+) -> pb.MemoryDomainType.ValueType:
+    """Evidence in order of strength: CXL region, hwloc subtype, DAX parent, HMAT bandwidth."""
+    if (dax and (dax.cxl_region or dax.parent_kind == "cxl")) or subtype.startswith("CXL-"):
+        return pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED
+    if subtype == "HBM":
+        return pb.MEMORY_DOMAIN_TYPE_HBM
+    if subtype == "GPUMemory":
+        return pb.MEMORY_DOMAIN_TYPE_GPU_MEMORY
+    if subtype == "NVM" or (dax and dax.parent_kind == "nvdimm"):
+        return pb.MEMORY_DOMAIN_TYPE_NVM
+    acc = _hmat_access(node)
+    if not node.cpus and acc and dram_bw and acc.read_bandwidth_mbps > HBM_BANDWIDTH_FACTOR * dram_bw:
+        return pb.MEMORY_DOMAIN_TYPE_HBM
+    return pb.MEMORY_DOMAIN_TYPE_DRAM
+
+
+def _dax_by_target(cxl: SysCxl | None) -> dict[int, DaxInfo]:
+    """The DAX device onlined as each node (system-ram mode only: devdax memory is not a node)."""
+    out: dict[int, DaxInfo] = {}
+    for dax in cxl.dax if cxl else ():
+        if dax.target_node >= 0 and dax.mode == "system-ram":
+            out.setdefault(dax.target_node, dax)
+    return out
+
+
+# ---- performance -----------------------------------------------------------------------------------
+_MEMATTR_FIELDS = {
+    "ReadBandwidth": ("read_bandwidth_mbps",),
+    "WriteBandwidth": ("write_bandwidth_mbps",),
+    "Bandwidth": ("read_bandwidth_mbps", "write_bandwidth_mbps"),
+    "ReadLatency": ("read_latency_ns",),
+    "WriteLatency": ("write_latency_ns",),
+    "Latency": ("read_latency_ns", "write_latency_ns"),
+}
+# Specific attributes override the averaged ones.
+_MEMATTR_ORDER = ("Bandwidth", "Latency", "ReadBandwidth", "WriteBandwidth", "ReadLatency", "WriteLatency")
+
+
+class _MemattrIndex:
+    """hwloc memattr values by (target node, initiator cpuset) for O(1) pair lookups."""
+
+    def __init__(self, hw: HwlocPart | None) -> None:
+        self.values: dict[tuple[int, tuple[int, ...]], dict[str, int]] = {}
+        for v in hw.memattrs if hw else ():
+            if v.attribute in _MEMATTR_FIELDS and v.initiator_cpus is not None and v.value > 0:
+                self.values.setdefault((v.target_node, v.initiator_cpus), {})[v.attribute] = v.value
+
+    def perf(self, target: int, initiator_cpus: tuple[int, ...]) -> pb.LinkPerformance | None:
+        attrs = self.values.get((target, initiator_cpus))
+        if not attrs:
+            return None
+        figures: dict[str, int] = {}
+        for name in _MEMATTR_ORDER:
+            if name in attrs:
+                for f in _MEMATTR_FIELDS[name]:
+                    figures[f] = attrs[name]
+        return pb.LinkPerformance(source=pb.PERFORMANCE_SOURCE_HWLOC_MEMATTR, access_class=-1, **figures)
+
+
+def _hmat_perf(acc: HmatAccess) -> pb.LinkPerformance:
+    return pb.LinkPerformance(
+        read_bandwidth_mbps=acc.read_bandwidth_mbps, write_bandwidth_mbps=acc.write_bandwidth_mbps,
+        read_latency_ns=acc.read_latency_ns, write_latency_ns=acc.write_latency_ns,
+        source=pb.PERFORMANCE_SOURCE_HMAT, access_class=acc.access_class)
+
+
+def _pair_perf(initiator: _Node, target: _Node, memattrs: _MemattrIndex) -> pb.LinkPerformance:
+    """Figures for initiator's CPUs reaching target's memory; SLIT-only when nothing better is known."""
+    acc = _hmat_access(target)
+    if acc is not None and acc.has_figures and initiator.id in acc.initiators:
+        return _hmat_perf(acc)
+    if initiator.cpus:
+        cpus = initiator.hw.cpuset if initiator.hw and initiator.hw.cpuset else initiator.cpus
+        found = memattrs.perf(target.id, cpus)
+        if found is not None:
+            return found
+    return pb.LinkPerformance(source=pb.PERFORMANCE_SOURCE_SLIT, access_class=-1)
+
+
+def _best_initiator_perf(node: _Node, memattrs: _MemattrIndex) -> pb.LinkPerformance | None:
+    """Figures from the memory's own best initiator: HMAT's, else hwloc's local cpuset."""
+    acc = _hmat_access(node)
+    if acc is not None and acc.has_figures:
+        return _hmat_perf(acc)
+    cpus = node.hw.cpuset if node.hw and node.hw.cpuset else node.cpus
+    return memattrs.perf(node.id, cpus) if cpus else None
+
+
+def _interconnects(topo: pb.MemoryTopology, mem_nodes: Sequence[_Node], memattrs: _MemattrIndex) -> None:
+    cxl = pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED
+    types = [d.type for d in topo.domains]
+    for i, a in enumerate(mem_nodes):
+        for j in range(i + 1, len(mem_nodes)):
+            b = mem_nodes[j]
+            cxl_pair = cxl in (types[i], types[j])
+            link = pb.MEMORY_LINK_TYPE_CXL_SWITCH if cxl_pair else pb.MEMORY_LINK_TYPE_NUMA_LINK
+            topo.interconnects.add(
+                domain_a=i, domain_b=j, link_type=link,
+                distance_a_to_b=_distance(a, b), distance_b_to_a=_distance(b, a),
+                a_to_b=_pair_perf(a, b, memattrs), b_to_a=_pair_perf(b, a, memattrs))
+
+
+# ---- the rest of the message -------------------------------------------------------------------------
+def _numa_nodes(
+    topo: pb.MemoryTopology, nodes: Sequence[_Node], numa: SysNuma | None, hw: HwlocPart | None
+) -> None:
+    def mask(name: str, derived: Iterable[int]) -> set[int]:
+        value = getattr(numa, name) if numa else None
+        return set(value) if value is not None else set(derived)
+
+    has_cpu = mask("has_cpu", (n.id for n in nodes if n.cpus))
+    has_mem = mask("has_memory", (n.id for n in nodes if n.memory))
+    has_normal = mask("has_normal_memory", has_mem)
+    gi = mask("has_generic_initiator", ())
+    pkg_of_cpu = {c: p.os_index for p in (hw.packages if hw else ()) for c in p.cpus}
+    for n in nodes:
+        topo.numa_nodes.add(
+            id=n.id,
+            state=pb.NUMA_NODE_STATE_ONLINE if n.online else pb.NUMA_NODE_STATE_POSSIBLE_OFFLINE,
+            cpus=n.cpus, memory_bytes=n.memory,
+            has_cpu=n.id in has_cpu, has_memory=n.id in has_mem,
+            has_normal_memory=n.id in has_normal, generic_initiator=n.id in gi,
+            distances=n.distances, distance_nodes=n.distance_nodes, domain=n.domain,
+            initiator_nodes=_hmat_initiators(n),
+            packages=sorted({pkg_of_cpu[c] for c in n.cpus if c in pkg_of_cpu}),
+        )
+
+
+def _tiers(topo: pb.MemoryTopology, tiers: SysTiers | None, mem_nodes: Sequence[_Node]) -> None:
+    domain_of = {n.id: n.domain for n in mem_nodes}
+    for t in tiers.tiers if tiers else ():
+        topo.memory_tiers.add(id=t.id, source=pb.TIER_SOURCE_KERNEL, numa_nodes=t.nodes,
+                              domains=sorted(domain_of[n] for n in t.nodes if n in domain_of))
+    ranks: dict[int, list[_Node]] = {}
+    for n in mem_nodes:
+        if n.hw is not None and n.hw.memory_tier is not None:
+            ranks.setdefault(n.hw.memory_tier, []).append(n)
+    for rank, members in sorted(ranks.items()):
+        kinds = sorted({m.hw.subtype or "DRAM" for m in members if m.hw})
+        topo.memory_tiers.add(id=rank, source=pb.TIER_SOURCE_HWLOC, numa_nodes=[m.id for m in members],
+                              domains=[m.domain for m in members], kind="+".join(kinds))
+
+
+def _cxl(topo: pb.MemoryTopology, cxl: SysCxl | None, regions: Sequence[object]) -> None:
+    if cxl is None:
+        return
+    for m in cxl.memdevs:
+        dev = topo.cxl_devices.add(
+            name=m.name, serial=m.serial, ram_size_bytes=m.ram_size_bytes, pmem_size_bytes=m.pmem_size_bytes,
+            host=m.host, host_bridge=m.host_bridge, numa_node=m.numa_node,
+            firmware_version=m.firmware_version)
+        for dec in m.decoders:
+            dev.decoders.add(**_decoder_fields(dec))
+    roots = {d.name: d for d in cxl.root_decoders}
+    for r in cxl.regions:
+        daxes = [d for d in cxl.dax if d.cxl_region == r.name]
+        onlined = [d.target_node for d in daxes if d.mode == "system-ram" and d.target_node >= 0]
+        region = topo.cxl_regions.add(
+            name=r.name, size_bytes=r.size_bytes, resource=r.resource, interleave_ways=r.interleave_ways,
+            interleave_granularity=r.interleave_granularity, targets=r.targets, memdevs=r.memdevs,
+            mode=r.mode, committed=r.committed, dax_devices=[d.name for d in daxes],
+            numa_node=onlined[0] if onlined else -1, dax_mode=daxes[0].mode if daxes else "")
+        if r.root_decoder in roots:
+            region.root_decoders.add(**_decoder_fields(roots[r.root_decoder]))
+
+
+def _decoder_fields(dec: object) -> dict[str, object]:
+    names = ("name", "kind", "start", "size", "interleave_ways", "interleave_granularity", "targets",
+             "mode", "region", "cap_ram", "cap_pmem")
+    return {n: getattr(dec, n) for n in names}
+
+
+def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, nodes: Sequence[_Node],
+         consistency: list[str]) -> None:
+    hw_pci = {p.bdf: p for p in hw.pci} if hw else {}
+    cpu_nodes = {n.id for n in nodes if n.cpus}
+    seen: set[str] = set()
+    for dev in pci.devices if pci else ():
+        seen.add(dev.bdf)
+        h = hw_pci.get(dev.bdf)
+        os_devs = set(dev.os_devices) | ({o.name for o in h.os_devices} if h else set())
+        local_nodes = h.nodeset if h else ((dev.numa_node,) if dev.numa_node >= 0 else ())
+        if h is not None and dev.numa_node >= 0 and h.nodeset and dev.numa_node not in h.nodeset:
+            consistency.append(f"pci {dev.bdf}: sysfs numa_node {dev.numa_node} not in hwloc locality "
+                               f"nodes {_fmt(h.nodeset)}")
+        p = topo.pci_devices.add(
+            bdf=dev.bdf, vendor_id=dev.vendor_id, device_id=dev.device_id,
+            subsystem_vendor_id=dev.subsystem_vendor_id, subsystem_device_id=dev.subsystem_device_id,
+            class_code=dev.class_code, kind=_KIND[classify(dev.vendor_id, dev.device_id, dev.class_code)],
+            driver=dev.driver, numa_node=dev.numa_node, local_cpus=dev.local_cpus,
+            local_numa_nodes=local_nodes, link_speed=dev.link_speed, link_width=dev.link_width,
+            max_link_speed=dev.max_link_speed, max_link_width=dev.max_link_width, physfn=dev.physfn,
+            virtfns=dev.virtfns, sriov_total_vfs=dev.sriov_total_vfs, sriov_num_vfs=dev.sriov_num_vfs,
+            msi_irqs=dev.msi_irqs, os_devices=sorted(os_devs), numa_node_inherited=dev.numa_node_inherited)
+        for m in dev.mdevs:
+            p.mdevs.add(uuid=m.uuid, mdev_type=m.mdev_type, parent=m.parent, numa_node=m.numa_node)
+    # Devices only hwloc knows (XML input): their node is hwloc's locality when it names one CPU node.
+    for bdf in sorted(set(hw_pci) - seen, key=_bdf_key):
+        h = hw_pci[bdf]
+        local_cpu_nodes = [n for n in h.nodeset if n in cpu_nodes]
+        topo.pci_devices.add(
+            bdf=h.bdf, vendor_id=h.vendor_id, device_id=h.device_id,
+            subsystem_vendor_id=h.subsystem_vendor_id, subsystem_device_id=h.subsystem_device_id,
+            class_code=h.class_code, kind=_KIND[classify(h.vendor_id, h.device_id, h.class_code)],
+            numa_node=local_cpu_nodes[0] if len(local_cpu_nodes) == 1 else -1,
+            local_cpus=h.cpuset, local_numa_nodes=h.nodeset,
+            link_speed=f"{h.link_speed_gbps:g} GB/s" if h.link_speed_gbps else "",
+            os_devices=sorted(o.name for o in h.os_devices))
+
+
+def _bdf_key(bdf: str) -> tuple[int, ...]:
+    dom, bus, devfn = bdf.split(":")
+    dev, fn = devfn.split(".")
+    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+
+
+def _cpus_and_allowed(topo: pb.MemoryTopology, numa: SysNuma | None, hw: HwlocPart | None,
+                      allowed: Allowed | None) -> None:
+    online = numa.cpus_online if numa and numa.cpus_online else (hw.pus if hw else ())
+    present = numa.cpus_present if numa else ()
+    topo.cpus.online.extend(online)
+    topo.cpus.possible.extend(numa.cpus_possible if numa else ())
+    topo.cpus.present.extend(present)
+    topo.cpus.offline.extend(sorted(set(present) - set(online)))
+    if hw:
+        topo.cpus.packages = len(hw.packages)
+        topo.cpus.cores = hw.cores
+    if allowed is not None:
+        topo.allowed_cpus.extend(allowed.cpus)
+        topo.allowed_memory_nodes.extend(allowed.mems)
+        topo.cgroup.version = {1: pb.Cgroup.VERSION_V1, 2: pb.Cgroup.VERSION_V2}.get(
+            allowed.cgroup_version, pb.Cgroup.VERSION_UNSPECIFIED)
+        topo.cgroup.path = allowed.cgroup_path
+        topo.cgroup.effective_cpus.extend(allowed.effective_cpus)
+        topo.cgroup.effective_mems.extend(allowed.effective_mems)
+    elif hw:
+        topo.allowed_cpus.extend(hw.allowed_cpus)
+        topo.allowed_memory_nodes.extend(hw.allowed_nodes)
+
+
+def _statuses(topo: pb.MemoryTopology, parts: Parts, consistency: list[str]) -> None:
+    results = [parts.identity, parts.hwloc, parts.numa, parts.tiers, parts.cxl, parts.pci, parts.allowed]
+    statuses = [r.status for r in results if r is not None] + list(parts.extra_statuses)
+    for st in sorted(statuses, key=lambda s: s.source):
+        state, reasons = st.state, list(st.reasons)
+        if st.source == "hwloc" and consistency and state is not State.UNAVAILABLE:
+            state = State.DEGRADED
+            reasons += [f"disagrees with sysfs: {c}" for c in consistency]
+        topo.sources.add(source=st.source, state=_STATE[state], reasons=reasons,
+                         duration_seconds=st.duration_s)
+
+
+def _fmt(ids: Iterable[int]) -> str:
+    return format_cpulist(ids) or "(none)"

@@ -1,0 +1,61 @@
+"""Run every probe against one context and assemble the MemoryTopology."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from discovery import hwloc, identity, proc_allowed, sysfs_cxl, sysfs_numa, sysfs_pci, sysfs_tiers
+from discovery.assemble import Parts, assemble
+from discovery.fingerprint import fingerprint
+from discovery.parts import HwlocPart
+from discovery.source import ProbeContext, ProbeResult, SourceStatus, State
+from memtopo.v1 import topology_pb2 as pb
+
+
+class _Backstop:
+    """Probes handle their own errors; this catches what one lets through, so a bug in one probe
+    becomes that source's degraded status instead of sinking discovery."""
+
+    def __init__(self, ctx: ProbeContext) -> None:
+        self.ctx = ctx
+        self.failures: list[SourceStatus] = []
+
+    def run[T](self, source: str, probe: Callable[[ProbeContext], ProbeResult[T]]) -> ProbeResult[T] | None:
+        try:
+            return probe(self.ctx)
+        except Exception as exc:  # anything a probe lets through
+            reason = f"probe failed: {type(exc).__name__}: {exc}"
+            self.failures.append(SourceStatus(source, State.DEGRADED, (reason,)))
+            return None
+
+
+def collect(ctx: ProbeContext) -> Parts:
+    """All probes' parts. hwloc's load is C code that releases the GIL, so the sysfs probes run
+    beside it on another core instead of after it."""
+    backstop = _Backstop(ctx)
+    hw: list[ProbeResult[HwlocPart] | None] = []
+    hw_thread = threading.Thread(target=lambda: hw.append(backstop.run(hwloc.SOURCE, hwloc.probe)))
+    hw_thread.start()
+    identity_r = backstop.run(identity.SOURCE, identity.probe)
+    numa_r = backstop.run(sysfs_numa.SOURCE, sysfs_numa.probe)
+    tiers_r = backstop.run(sysfs_tiers.SOURCE, sysfs_tiers.probe)
+    cxl_r = backstop.run(sysfs_cxl.SOURCE, sysfs_cxl.probe)
+    pci_r = backstop.run(sysfs_pci.SOURCE, sysfs_pci.probe)
+    allowed_r = backstop.run(proc_allowed.SOURCE, proc_allowed.probe)
+    hw_thread.join()
+    return Parts(identity=identity_r, numa=numa_r, tiers=tiers_r, cxl=cxl_r, pci=pci_r, allowed=allowed_r,
+                 hwloc=hw[0] if hw else None, extra_statuses=tuple(backstop.failures))
+
+
+def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:
+    root = str(ctx.hwloc_xml) if ctx.hwloc_xml is not None else str(ctx.fs.root)
+    topo = assemble(collect(ctx), source_root=root)
+    topo.generation = generation
+    topo.fingerprint = fingerprint(topo)
+    ts = Timestamp()
+    ts.GetCurrentTime()
+    topo.discovery_time.CopyFrom(ts)
+    return topo

@@ -1,0 +1,297 @@
+"""PCI functions from /sys/bus/pci/devices, with SR-IOV links, MSI vectors, OS devices and mdevs.
+
+Each device directory is listed once and only the attributes it actually has are read: on a host
+with hundreds of functions, opening absent files (link speed on conventional PCI, sriov_* on
+non-PFs) would cost more than the reads themselves, and their absence is normal, not a problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+
+from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
+from discovery.hostfs import HostFS, HostReadError
+from discovery.parts import Ids, MdevInfo, PciInfo, SysPci
+from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+
+SOURCE = "sysfs.pci"
+
+PCI_DEVICES = "sys/bus/pci/devices"
+MDEV_DEVICES = "sys/bus/mdev/devices"
+
+_HEX = frozenset("0123456789abcdef")
+
+# Subdirectories whose children are the kernel's names for the device (eth0, mlx5_0, nvme0, card0,
+# ve0, accel0); virtio functions put them one level down, under virtioN/.
+_OS_DEVICE_DIRS = ("net", "infiniband", "nvme", "block", "drm", "ve", "accel")
+_VIRTIO_OS_DEVICE_DIRS = ("net", "block")
+
+_UNKNOWN_SPEEDS = frozenset({"unknown", "unknown speed"})
+
+
+def parse_bdf(name: str) -> tuple[int, int, int, int] | None:
+    """``DDDD:BB:DD.F`` (domain may be wider than 4 digits, as Intel VMD's 10000) → numbers, or None."""
+    dom, _, rest = name.partition(":")
+    bus, _, devfn = rest.partition(":")
+    dev, dot, fn = devfn.partition(".")
+    if (len(dom) < 4 or len(bus) != 2 or len(dev) != 2 or not dot or len(fn) != 1 or fn > "7" or fn < "0"
+            or not _HEX.issuperset(dom) or not _HEX.issuperset(bus) or not _HEX.issuperset(dev)):
+        return None
+    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
+
+
+def is_bdf(name: str) -> bool:
+    return parse_bdf(name) is not None
+
+
+class AttrReader:
+    """Attribute reads for one probe run: each failure becomes a problem naming the path."""
+
+    def __init__(self, fs: HostFS, sb: StatusBuilder) -> None:
+        self.fs = fs
+        self.sb = sb
+        # Most functions share a handful of local_cpulist values; parse each text once.
+        self._cpus: dict[tuple[bool, str], Ids] = {}
+
+    def listdir(self, rel: str) -> list[str]:
+        try:
+            return self.fs.listdir(rel)
+        except HostReadError as exc:
+            self.sb.problem(exc)
+            return []
+
+    def int_attr(self, rel: str, base: int, default: int) -> int:
+        try:
+            return self.fs.read_int(rel, base)
+        except HostReadError as exc:
+            self.sb.problem(exc)
+            return default
+
+    def text(self, rel: str) -> str:
+        try:
+            return self.fs.read_attr(rel)
+        except HostReadError as exc:
+            self.sb.problem(exc)
+            return ""
+
+    def link_name(self, rel: str) -> str:
+        try:
+            return self.fs.readlink_name(rel)
+        except HostReadError as exc:
+            self.sb.problem(exc)
+            return ""
+
+    def cpus(self, rel: str, mask: bool) -> Ids:
+        try:
+            text = self.fs.read_text(rel)
+        except HostReadError as exc:
+            self.sb.problem(exc)
+            return ()
+        key = (mask, text)
+        cpus = self._cpus.get(key)
+        if cpus is None:
+            try:
+                cpus = parse_mask(text) if mask else parse_cpulist(text)
+            except CpuListError as exc:
+                self.sb.problem(HostReadError(rel, str(exc)))
+                return ()
+            self._cpus[key] = cpus
+        return cpus
+
+
+def probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
+    sb = StatusBuilder(SOURCE)
+    if not ctx.sysfs_available:
+        sb.unavailable("input is an hwloc XML export")
+        return ProbeResult(SysPci(()), sb.finish())
+    if not ctx.fs.is_dir(PCI_DEVICES):
+        sb.unavailable(f"{PCI_DEVICES}: missing (no PCI bus)")
+        return ProbeResult(SysPci(()), sb.finish())
+    rd = AttrReader(ctx.fs, sb)
+    found: list[tuple[tuple[int, int, int, int], str]] = []
+    for name in rd.listdir(PCI_DEVICES):
+        key = parse_bdf(name)
+        if key is None:
+            sb.problem(f"{PCI_DEVICES}/{name}: not a PCI address")
+            continue
+        found.append((key, name))
+    found.sort()
+    devices: dict[str, PciInfo] = {}
+    for _, name in found:
+        try:
+            devices[name] = _device(rd, name)
+        except (HostReadError, ValueError, OSError) as exc:  # belt and braces: one device, not all
+            sb.problem(f"{PCI_DEVICES}/{name}: {exc}")
+    _inherit_vf_nodes(devices)
+    _attach_mdevs(rd, devices)
+    return ProbeResult(SysPci(tuple(devices.values())), sb.finish())
+
+
+def _device(rd: AttrReader, bdf: str) -> PciInfo:
+    base = f"{PCI_DEVICES}/{bdf}"
+    entries = set(rd.listdir(base))
+
+    def hex_attr(attr: str, required: bool) -> int:
+        if attr not in entries:
+            if required:
+                rd.sb.problem(f"{base}/{attr}: missing")
+            return 0
+        return rd.int_attr(f"{base}/{attr}", 16, 0)
+
+    def dec_attr(attr: str, default: int) -> int:
+        return rd.int_attr(f"{base}/{attr}", 10, default) if attr in entries else default
+
+    numa_node = -1
+    if "numa_node" in entries:
+        numa_node = rd.int_attr(f"{base}/numa_node", 10, -1)
+        if numa_node < -1:
+            rd.sb.problem(f"{base}/numa_node: invalid node {numa_node}")
+            numa_node = -1
+
+    if "local_cpulist" in entries:
+        local_cpus = rd.cpus(f"{base}/local_cpulist", mask=False)
+    elif "local_cpus" in entries:
+        local_cpus = rd.cpus(f"{base}/local_cpus", mask=True)
+    else:
+        local_cpus = ()
+
+    virtfns: list[tuple[int, str]] = []
+    for entry in entries:
+        if entry[0] == "v" and entry.startswith("virtfn") and entry[6:].isdigit():
+            virtfns.append((int(entry[6:]), rd.link_name(f"{base}/{entry}")))
+    virtfns.sort()
+
+    # uevent carries ids, class and driver in one read instead of six; the separate attributes are
+    # the fallback for trees without it (trimmed dumps) or with a key missing.
+    ids = _uevent_ids(rd, base) if "uevent" in entries else {}
+    driver = ids.pop("driver", None)
+    if not isinstance(driver, str):  # no DRIVER= line means unbound, and then there is no link either
+        driver = rd.link_name(f"{base}/driver") if "driver" in entries else ""
+
+    def ident(attr: str, required: bool) -> int:
+        value = ids.get(attr)
+        return value if isinstance(value, int) else hex_attr(attr, required)
+
+    return PciInfo(
+        bdf=bdf,
+        vendor_id=ident("vendor", True),
+        device_id=ident("device", True),
+        subsystem_vendor_id=ident("subsystem_vendor", False),
+        subsystem_device_id=ident("subsystem_device", False),
+        class_code=ident("class", True),
+        driver=driver,
+        numa_node=numa_node,
+        local_cpus=local_cpus,
+        link_speed=_speed(rd, base, "current_link_speed", entries),
+        link_width=dec_attr("current_link_width", 0),
+        max_link_speed=_speed(rd, base, "max_link_speed", entries),
+        max_link_width=dec_attr("max_link_width", 0),
+        physfn=rd.link_name(f"{base}/physfn") if "physfn" in entries else "",
+        virtfns=tuple(vf for _, vf in virtfns if vf),
+        sriov_total_vfs=dec_attr("sriov_totalvfs", 0),
+        sriov_num_vfs=dec_attr("sriov_numvfs", 0),
+        msi_irqs=_msi_irqs(rd, base) if "msi_irqs" in entries else (),
+        os_devices=_os_devices(rd, base, entries),
+    )
+
+
+def _uevent_ids(rd: AttrReader, base: str) -> dict[str, int | str]:
+    """vendor, device, subsystem ids, class (ints) and driver (str) from ``uevent``."""
+    out: dict[str, int | str] = {}
+    try:
+        text = rd.fs.read_text(f"{base}/uevent")
+    except HostReadError as exc:
+        rd.sb.problem(exc)
+        return out
+    for line in text.splitlines():
+        key, eq, value = line.partition("=")
+        if not eq:
+            continue
+        try:
+            if key == "PCI_ID":
+                vendor, device = value.split(":")
+                out["vendor"], out["device"] = int(vendor, 16), int(device, 16)
+            elif key == "PCI_SUBSYS_ID":
+                vendor, device = value.split(":")
+                out["subsystem_vendor"], out["subsystem_device"] = int(vendor, 16), int(device, 16)
+            elif key == "PCI_CLASS":
+                out["class"] = int(value, 16)
+            elif key == "DRIVER":
+                out["driver"] = value
+        except ValueError:
+            rd.sb.problem(f"{base}/uevent: malformed {key}={value[:40]!r}")
+    return out
+
+
+def _speed(rd: AttrReader, base: str, attr: str, entries: set[str]) -> str:
+    if attr not in entries:
+        return ""
+    text = rd.text(f"{base}/{attr}")
+    return "" if text.lower() in _UNKNOWN_SPEEDS else text
+
+
+def _msi_irqs(rd: AttrReader, base: str) -> Ids:
+    irqs: list[int] = []
+    for name in rd.listdir(f"{base}/msi_irqs"):
+        if name.isdigit() and name.isascii():
+            irqs.append(int(name))
+        else:
+            rd.sb.problem(f"{base}/msi_irqs/{name}: not an IRQ number")
+    return tuple(sorted(irqs))
+
+
+def _os_devices(rd: AttrReader, base: str, entries: set[str]) -> tuple[str, ...]:
+    names: set[str] = set()
+    for sub in _OS_DEVICE_DIRS:
+        if sub in entries:
+            names.update(rd.listdir(f"{base}/{sub}"))
+    if "nvme" in entries:
+        # hwloc and users name the namespace (nvme0n1), the kernel's nvme/ dir names the controller.
+        for ctrl in [n for n in names if n.startswith("nvme")]:
+            names.update(n for n in rd.listdir(f"{base}/nvme/{ctrl}") if n.startswith(f"{ctrl}n"))
+    for entry in entries:
+        first = entry[0]
+        if first == "v" and entry.startswith("virtio") and entry[6:].isdigit():
+            for sub in _VIRTIO_OS_DEVICE_DIRS:
+                names.update(rd.listdir(f"{base}/{entry}/{sub}"))
+        elif first == "m" and entry.startswith("mem") and entry[3:].isdigit():
+            names.add(entry)  # CXL memdev (cxl_pci registers memN as a child of the function)
+    return tuple(sorted(names))
+
+
+def _inherit_vf_nodes(devices: dict[str, PciInfo]) -> None:
+    """A VF with no node takes its PF's, flagged, as KubeVirt does; nothing else is ever guessed."""
+    for bdf, dev in devices.items():
+        if dev.numa_node != -1 or not dev.physfn:
+            continue
+        pf = devices.get(dev.physfn)
+        if pf is not None and pf.numa_node >= 0:
+            devices[bdf] = dataclasses.replace(dev, numa_node=pf.numa_node, numa_node_inherited=True)
+
+
+def _attach_mdevs(rd: AttrReader, devices: dict[str, PciInfo]) -> None:
+    if not rd.fs.is_dir(MDEV_DEVICES):
+        return
+    by_parent: dict[str, list[MdevInfo]] = {}
+    for uuid in rd.listdir(MDEV_DEVICES):
+        rel = f"{MDEV_DEVICES}/{uuid}"
+        try:
+            real = rd.fs.resolve(rel)
+        except HostReadError as exc:
+            rd.sb.problem(exc)
+            continue
+        parent = posixpath.basename(posixpath.dirname(real))
+        if not is_bdf(parent):
+            continue  # e.g. vfio_ap/matrix: no PCI parent, so no PCI device to hang it on
+        mdev_type = rd.link_name(f"{rel}/mdev_type")
+        parent_dev = devices.get(parent)
+        # VF inheritance already ran, so a VF parent with -1 carries its PF's node here.
+        node = parent_dev.numa_node if parent_dev is not None else -1
+        by_parent.setdefault(parent, []).append(MdevInfo(uuid, mdev_type, parent, node))
+    for parent, mdevs in by_parent.items():
+        dev = devices.get(parent)
+        if dev is None:
+            rd.sb.problem(f"{MDEV_DEVICES}: parent {parent} of {mdevs[0].uuid} is not in {PCI_DEVICES}")
+            continue
+        devices[parent] = dataclasses.replace(dev, mdevs=tuple(sorted(mdevs, key=lambda m: m.uuid)))

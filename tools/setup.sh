@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates .venv (Python >= 3.12: pyhwloc needs it) with memtopo and its dev tools. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+find_python() {
+  local c
+  for c in "${MEMTOPO_PYTHON:-}" "$(command -v pyenv >/dev/null && echo "$(pyenv root)/versions/3.12.1/bin/python3.12")" \
+           python3.13 python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python3.12" python3; do
+    [[ -n "$c" ]] && command -v "$c" >/dev/null 2>&1 || continue
+    if "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then echo "$c"; return; fi
+  done
+  echo "no Python >= 3.12 found (set MEMTOPO_PYTHON)" >&2; exit 1
+}
+stamp=.venv/.memtopo-setup
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  py=$(find_python)
+  [[ -x .venv/bin/python ]] || "$py" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi
