@@ -90,6 +90,14 @@ class _Node:
     hw: HwlocNode | None = None
     domain: int = -1
 
+    def distance_to(self, other: int) -> int:
+        """SLIT distance to ``other``; 0 when unknown."""
+        if self._distance_map is None:
+            self._distance_map = dict(zip(self.distance_nodes, self.distances, strict=False))
+        return self._distance_map.get(other, 0)
+
+    _distance_map: dict[int, int] | None = None
+
 
 def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
     numa = _data(parts.numa)
@@ -134,7 +142,7 @@ def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
             kernel_tier=kernel_tier_of.get(node.id, -1),
             hwloc_tier=node.hw.memory_tier if node.hw and node.hw.memory_tier is not None else -1,
             subtype=subtype,
-            distances=[_distance(node, other) for other in mem_nodes],
+            distances=[node.distance_to(other.id) for other in mem_nodes],
             local_cpus=_local_cpus(node, by_id),
             movable_only=normal is not None and node.id not in normal,
             cxl_region=region_index.get(dax.cxl_region, -1) if dax and dax.cxl_region else -1,
@@ -228,13 +236,6 @@ def _hwloc_distance_rows(hw: HwlocPart) -> dict[int, tuple[tuple[int, ...], tupl
     return {matrix.nodes[i]: (cols, tuple(matrix.matrix[i][j] for j in order)) for i in order}
 
 
-def _distance(a: _Node, b: _Node) -> int:
-    try:
-        return a.distances[a.distance_nodes.index(b.id)]
-    except (ValueError, IndexError):
-        return 0
-
-
 def _local_cpus(node: _Node, by_id: Mapping[int, _Node]) -> tuple[int, ...]:
     if node.hw is not None and node.hw.cpuset:
         return node.hw.cpuset
@@ -313,6 +314,10 @@ class _MemattrIndex:
         for v in hw.memattrs if hw else ():
             if v.attribute in _MEMATTR_FIELDS and v.initiator_cpus is not None and v.value > 0:
                 self.values.setdefault((v.target_node, v.initiator_cpus), {})[v.attribute] = v.value
+        self.targets = {target for target, _ in self.values}
+
+    def has_target(self, target: int) -> bool:
+        return target in self.targets
 
     def perf(self, target: int, initiator_cpus: tuple[int, ...]) -> pb.LinkPerformance | None:
         attrs = self.values.get((target, initiator_cpus))
@@ -356,17 +361,28 @@ def _best_initiator_perf(node: _Node, memattrs: _MemattrIndex) -> pb.LinkPerform
 
 
 def _interconnects(topo: pb.MemoryTopology, mem_nodes: Sequence[_Node], memattrs: _MemattrIndex) -> None:
-    cxl = pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED
+    """Every domain pair. This is the quadratic part of assembly (2016 pairs at 64 nodes), so each
+    pair starts as a copy of a SLIT-only template and only targets with figures are looked up."""
     types = [d.type for d in topo.domains]
+    has_figures = [((acc := _hmat_access(n)) is not None and acc.has_figures) or memattrs.has_target(n.id)
+                   for n in mem_nodes]
+    slit = pb.LinkPerformance(source=pb.PERFORMANCE_SOURCE_SLIT, access_class=-1)
+    template = {link: pb.MemoryInterconnect(link_type=link, a_to_b=slit, b_to_a=slit)
+                for link in (pb.MEMORY_LINK_TYPE_NUMA_LINK, pb.MEMORY_LINK_TYPE_CXL_SWITCH)}
+    cxl = pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED
+    links = topo.interconnects
     for i, a in enumerate(mem_nodes):
         for j in range(i + 1, len(mem_nodes)):
             b = mem_nodes[j]
             cxl_pair = cxl in (types[i], types[j])
-            link = pb.MEMORY_LINK_TYPE_CXL_SWITCH if cxl_pair else pb.MEMORY_LINK_TYPE_NUMA_LINK
-            topo.interconnects.add(
-                domain_a=i, domain_b=j, link_type=link,
-                distance_a_to_b=_distance(a, b), distance_b_to_a=_distance(b, a),
-                a_to_b=_pair_perf(a, b, memattrs), b_to_a=_pair_perf(b, a, memattrs))
+            m = links.add()
+            m.CopyFrom(template[pb.MEMORY_LINK_TYPE_CXL_SWITCH if cxl_pair else pb.MEMORY_LINK_TYPE_NUMA_LINK])
+            m.domain_a, m.domain_b = i, j
+            m.distance_a_to_b, m.distance_b_to_a = a.distance_to(b.id), b.distance_to(a.id)
+            if has_figures[j]:
+                m.a_to_b.CopyFrom(_pair_perf(a, b, memattrs))
+            if has_figures[i]:
+                m.b_to_a.CopyFrom(_pair_perf(b, a, memattrs))
 
 
 # ---- the rest of the message -------------------------------------------------------------------------

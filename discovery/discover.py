@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 
@@ -34,25 +35,37 @@ class _Backstop:
 
 def collect(ctx: ProbeContext) -> Parts:
     """All probes' parts. hwloc's load is C code that releases the GIL, so the sysfs probes run
-    beside it on another core instead of after it."""
+    beside it on another core instead of after it (with XML input there is nothing to overlap)."""
     backstop = _Backstop(ctx)
     hw: list[ProbeResult[HwlocPart] | None] = []
     hw_thread = threading.Thread(target=lambda: hw.append(backstop.run(hwloc.SOURCE, hwloc.probe)))
-    hw_thread.start()
+    if ctx.sysfs_available:
+        hw_thread.start()
+    else:
+        hw_thread.run()
     identity_r = backstop.run(identity.SOURCE, identity.probe)
     numa_r = backstop.run(sysfs_numa.SOURCE, sysfs_numa.probe)
     tiers_r = backstop.run(sysfs_tiers.SOURCE, sysfs_tiers.probe)
     cxl_r = backstop.run(sysfs_cxl.SOURCE, sysfs_cxl.probe)
     pci_r = backstop.run(sysfs_pci.SOURCE, sysfs_pci.probe)
     allowed_r = backstop.run(proc_allowed.SOURCE, proc_allowed.probe)
-    hw_thread.join()
+    if hw_thread.is_alive() or ctx.sysfs_available:
+        hw_thread.join()
     return Parts(identity=identity_r, numa=numa_r, tiers=tiers_r, cxl=cxl_r, pci=pci_r, allowed=allowed_r,
                  hwloc=hw[0] if hw else None, extra_statuses=tuple(backstop.failures))
 
 
 def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:
     root = str(ctx.hwloc_xml) if ctx.hwloc_xml is not None else str(ctx.fs.root)
-    topo = assemble(collect(ctx), source_root=root)
+    # Discovery allocates tens of thousands of short-lived, acyclic objects; letting the cyclic
+    # collector run in the middle of that costs ~10% of the whole and frees nothing.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        topo = assemble(collect(ctx), source_root=root)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     topo.generation = generation
     topo.fingerprint = fingerprint(topo)
     ts = Timestamp()

@@ -10,15 +10,32 @@ from memtopo.v1 import topology_pb2 as pb
 def fingerprint(topo: pb.MemoryTopology) -> str:
     """Hex SHA-256 of the topology with volatile fields cleared.
 
-    Lists are already in canonical order (the assembler sorts them), and deterministic
+    Volatile fields: generation, the fingerprint itself, discovery time, source root, free bytes and
+    probe durations. Lists are already in canonical order (the assembler sorts them), and deterministic
     serialization fixes map order, so the bytes depend on content only.
     """
-    content = pb.MemoryTopology()
-    content.CopyFrom(topo)
-    for name in ("generation", "fingerprint", "discovery_time", "source_root"):
-        content.ClearField(name)
-    for domain in content.domains:
-        domain.ClearField("free_bytes")
-    for src in content.sources:
-        src.ClearField("duration_seconds")
-    return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
+    # Clear in place and restore rather than copy: the message can hold thousands of links.
+    saved_top = [(name, getattr(topo, name)) for name in _VOLATILE_SCALARS]
+    saved_time = pb.MemoryTopology(discovery_time=topo.discovery_time)
+    saved_free = [d.free_bytes for d in topo.domains]
+    saved_durations = [s.duration_seconds for s in topo.sources]
+    try:
+        for name in (*_VOLATILE_SCALARS, "discovery_time"):
+            topo.ClearField(name)
+        for domain in topo.domains:
+            domain.free_bytes = 0
+        for src in topo.sources:
+            src.duration_seconds = 0.0
+        return hashlib.sha256(topo.SerializeToString(deterministic=True)).hexdigest()
+    finally:
+        for name, value in saved_top:
+            setattr(topo, name, value)
+        if saved_time.HasField("discovery_time"):
+            topo.discovery_time.CopyFrom(saved_time.discovery_time)
+        for domain, free in zip(topo.domains, saved_free, strict=True):
+            domain.free_bytes = free
+        for src, dur in zip(topo.sources, saved_durations, strict=True):
+            src.duration_seconds = dur
+
+
+_VOLATILE_SCALARS = ("generation", "fingerprint", "source_root")

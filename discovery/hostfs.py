@@ -7,6 +7,7 @@ turns into a degraded status: nothing here raises anything but :class:`HostReadE
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,11 @@ class HostFS:
 
     root: Path
 
+    @functools.cached_property
+    def _root_str(self) -> str:
+        root = str(self.root)
+        return "" if root == "/" else root
+
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> HostFS:
         return cls(Path(root).absolute())
@@ -43,27 +49,31 @@ class HostFS:
 
     def path(self, rel: str) -> Path:
         """The absolute path of ``rel`` under the root, refusing ``..`` components."""
+        return Path(self._join(rel))
+
+    def _join(self, rel: str) -> str:
+        # Plain strings, not pathlib: discovery makes thousands of these per run.
         rel = rel.lstrip("/")
-        if any(part == ".." for part in rel.split("/")):
+        if ".." in rel and ".." in rel.split("/"):
             raise HostReadError(rel, "path leaves the root")
-        return self.root / rel
+        return f"{self._root_str}/{rel}" if rel else (self._root_str or "/")
 
     def exists(self, rel: str) -> bool:
         try:
-            return self.path(rel).exists()
+            return os.path.exists(self._join(rel))
         except (HostReadError, OSError):
             return False
 
     def is_dir(self, rel: str) -> bool:
         try:
-            return self.path(rel).is_dir()
+            return os.path.isdir(self._join(rel))
         except (HostReadError, OSError):
             return False
 
     def listdir(self, rel: str) -> list[str]:
         """Sorted entries of a directory; a missing directory is an empty list, not an error."""
         try:
-            return sorted(os.listdir(self.path(rel)))
+            return sorted(os.listdir(self._join(rel)))
         except FileNotFoundError:
             return []
         except NotADirectoryError:
@@ -74,7 +84,7 @@ class HostFS:
     def read_text(self, rel: str) -> str:
         # os.read with a page-sized buffer: a buffered read(MAX) allocates the whole limit per call,
         # which dominated discovery on machines with thousands of attributes.
-        p = self.path(rel)
+        p = self._join(rel)
         try:
             fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
@@ -128,7 +138,7 @@ class HostFS:
     def readlink_name(self, rel: str) -> str:
         """The last component of a symlink's target (``driver`` → ``nvme``)."""
         try:
-            return os.path.basename(os.readlink(self.path(rel)))
+            return os.path.basename(os.readlink(self._join(rel)))
         except FileNotFoundError as exc:
             raise HostReadError(rel, "missing") from exc
         except OSError as exc:
