@@ -15,27 +15,23 @@ def fingerprint(topo: pb.MemoryTopology) -> str:
     serialization fixes map order, so the bytes depend on content only.
     """
     # Clear in place and restore rather than copy: the message can hold thousands of links.
-    saved_top = [(name, getattr(topo, name)) for name in _VOLATILE_SCALARS]
+    saved_top = (topo.generation, topo.fingerprint, topo.source_root)
     saved_time = pb.MemoryTopology(discovery_time=topo.discovery_time)
     saved_free = [d.free_bytes for d in topo.domains]
     saved_durations = [s.duration_seconds for s in topo.sources]
     try:
-        for name in (*_VOLATILE_SCALARS, "discovery_time"):
-            topo.ClearField(name)
+        topo.generation, topo.fingerprint, topo.source_root = 0, "", ""
+        topo.ClearField("discovery_time")
         for domain in topo.domains:
             domain.free_bytes = 0
         for src in topo.sources:
             src.duration_seconds = 0.0
         return hashlib.sha256(topo.SerializeToString(deterministic=True)).hexdigest()
     finally:
-        for name, value in saved_top:
-            setattr(topo, name, value)
+        topo.generation, topo.fingerprint, topo.source_root = saved_top
         if saved_time.HasField("discovery_time"):
             topo.discovery_time.CopyFrom(saved_time.discovery_time)
         for domain, free in zip(topo.domains, saved_free, strict=True):
             domain.free_bytes = free
         for src, dur in zip(topo.sources, saved_durations, strict=True):
             src.duration_seconds = dur
-
-
-_VOLATILE_SCALARS = ("generation", "fingerprint", "source_root")

@@ -252,3 +252,11 @@ def test_fingerprint_ignores_time_and_free_memory_but_not_content(tmp_path: Path
     (root / "sys/bus/pci/devices/0000:21:00.0/numa_node").unlink()
     (root / "sys/bus/pci/devices/0000:21:00.0/numa_node").write_text("1\n")
     assert topo_of(root).fingerprint != first.fingerprint
+
+
+def test_fingerprint_leaves_the_message_as_it_was(cxl_default: pb.MemoryTopology) -> None:
+    from discovery.fingerprint import fingerprint
+
+    before = cxl_default.SerializeToString(deterministic=True)
+    assert fingerprint(cxl_default) == cxl_default.fingerprint
+    assert cxl_default.SerializeToString(deterministic=True) == before
