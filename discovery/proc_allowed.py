@@ -70,7 +70,7 @@ def _intersect(a: Ids | None, b: Ids | None) -> Ids:
 
 def _parse_list(rel: str, text: str) -> Ids:
     try:
-        return parse_cpulist(text.rstrip("\x00\n"))
+        return parse_cpulist(text)
     except CpuListError as exc:
         raise HostReadError(rel, str(exc)) from exc
 

@@ -142,15 +142,20 @@ def _decoder(rd: AttrReader, name: str, kind: str) -> CxlDecoderInfo:
     )
 
 
+def _resolved_parts(rd: AttrReader, rel: str) -> list[str]:
+    """Components of the real path of a /sys/bus/cxl link: the hierarchy sysfs flattens away."""
+    try:
+        return rd.fs.resolve(rel).split("/")
+    except HostReadError as exc:
+        rd.sb.problem(exc)
+        return []
+
+
 def _memdev(rd: AttrReader, name: str, decoders: list[CxlDecoderInfo]) -> CxlMemdevInfo:
     base = f"{CXL_DEVICES}/{name}"
     entries = set(rd.listdir(base))
     host = host_bridge = ""
-    try:
-        parts = rd.fs.resolve(base).split("/")
-    except HostReadError as exc:
-        rd.sb.problem(exc)
-        parts = []
+    parts = _resolved_parts(rd, base)
     if len(parts) >= 2 and is_bdf(parts[-2]):
         host = parts[-2]
     for part in parts:
@@ -202,11 +207,7 @@ def _region(
         else:
             mode = ""
     root_decoder = root = ""
-    try:
-        parts = rd.fs.resolve(base).split("/")
-    except HostReadError as exc:
-        rd.sb.problem(exc)
-        parts = []
+    parts = _resolved_parts(rd, base)
     if len(parts) >= 2 and _decoder_ids(parts[-2]) is not None:
         root_decoder = parts[-2]
     root = next((p for p in parts if _numbered(p, "root") is not None), "")

@@ -6,7 +6,6 @@ huge pages. Per-CPU topology is hwloc's job; nothing here reads ``cpuN/`` direct
 
 from __future__ import annotations
 
-from discovery.cpulist import CpuListError, parse_cpulist
 from discovery.hostfs import HostReadError
 from discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
@@ -63,19 +62,9 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysNuma]:
     return ProbeResult(data, sb.finish())
 
 
-def _read_list(ctx: ProbeContext, rel: str) -> Ids:
-    """A list-format file. hwloc-gather dumps end some files in NUL padding, which the kernel never
-    writes and which says nothing about the list, so it is dropped before parsing."""
-    text = ctx.fs.read_text(rel).rstrip("\x00\n")
-    try:
-        return parse_cpulist(text)
-    except CpuListError as exc:
-        raise HostReadError(rel, str(exc)) from exc
-
-
 def _read_uint(ctx: ProbeContext, rel: str) -> int:
     """A decimal attribute. Stricter than int(), which also takes "+1", "1_0" and non-ASCII digits."""
-    text = ctx.fs.read_attr(rel).rstrip("\x00")
+    text = ctx.fs.read_attr(rel)
     if not (text.isdigit() and text.isascii()):
         raise HostReadError(rel, f"not an unsigned integer: {text[:40]!r}")
     return int(text)
@@ -84,7 +73,7 @@ def _read_uint(ctx: ProbeContext, rel: str) -> int:
 def _optional_list(ctx: ProbeContext, sb: StatusBuilder, rel: str) -> Ids | None:
     """A list-format file; None when it is absent (not a problem) or unparseable (a problem)."""
     try:
-        return _read_list(ctx, rel)
+        return ctx.fs.read_cpulist(rel)
     except HostReadError as exc:
         if exc.reason != "missing":
             sb.problem(exc)
@@ -135,7 +124,7 @@ def _node(ctx: ProbeContext, sb: StatusBuilder, nid: int, ncols: int) -> SysNode
     try:
         # Old kernels (the ia64 dumps) only have the hex cpumap.
         cpus = fs.read_mask(f"{base}/cpumap") if "cpulist" not in entries and "cpumap" in entries \
-            else _read_list(ctx, f"{base}/cpulist")
+            else ctx.fs.read_cpulist(f"{base}/cpulist")
     except HostReadError as exc:
         sb.problem(exc)
 

@@ -36,7 +36,7 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysTiers]:
         rel = f"{TIER_DIR}/{_PREFIX}{tier_id}/nodelist"
         try:
             text = ctx.fs.read_text(rel)
-            tiers.append(KernelTier(tier_id, parse_cpulist(text.rstrip("\x00\n"))))
+            tiers.append(KernelTier(tier_id, parse_cpulist(text)))
         except HostReadError as exc:
             sb.problem(exc)
         except CpuListError as exc:
