@@ -18,9 +18,7 @@ from discovery import hwloc
 from discovery.cpulist import parse_cpulist
 from discovery.parts import HwlocPart, HwlocPci
 from discovery.source import ProbeContext, State
-from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, hwloc_root, hwloc_test_env, lab_root
-
-pytestmark = pytest.mark.skipif(not HWLOC_LINUX.is_dir(), reason="shared hwloc fixtures are absent")
+from tests.fixtures import HWLOC_LINUX, HWLOC_XML, hwloc_root, hwloc_test_env, lab_root
 
 
 def cpus(text: str) -> tuple[int, ...]:
@@ -586,7 +584,7 @@ def test_16intel64_many_vfs() -> None:
 
 
 # ---- lab captures (numa-vm) --------------------------------------------------------------------------
-lab = pytest.mark.skipif(not LAB_CAPTURES.is_dir(), reason="lab captures are absent")
+lab = pytest.mark.lab_capture
 
 
 @lab
