@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -40,23 +39,17 @@ def _hwloc_load(kind: str, path: str) -> Callable[[], None]:
     from pyhwloc import Topology
     from pyhwloc.topology import TopologyFlags, TypeFilter
 
+    from discovery.hwloc import environment
+
     env = {"xml": {"HWLOC_MEMTIERS_REFRESH": "1"}, "live": {},
            "fsroot": {"HWLOC_FSROOT": path, "HWLOC_COMPONENTS": "linux,stop"}}[kind]
 
     def load() -> None:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with environment(env):
             topo = Topology.from_xml_file(path) if kind == "xml" else Topology.from_this_system()
             topo.set_flags(TopologyFlags.INCLUDE_DISALLOWED)
             with topo.set_io_types_filter(TypeFilter.KEEP_ALL):
                 pass
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     return load
 
 

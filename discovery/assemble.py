@@ -8,12 +8,14 @@ the input is an hwloc XML export. Where both know a fact and disagree, the hwloc
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from discovery.cpulist import format_cpulist
 from discovery.parts import (
     Allowed,
+    CxlDecoderInfo,
     DaxInfo,
     HmatAccess,
     HwlocNode,
@@ -160,7 +162,7 @@ def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
     _interconnects(topo, mem_nodes, memattrs)
     _numa_nodes(topo, nodes, numa, hw)
     _tiers(topo, tiers, mem_nodes)
-    _cxl(topo, cxl, regions)
+    _cxl(topo, cxl)
     _pci(topo, pci, hw, nodes, consistency)
     _cpus_and_allowed(topo, numa, hw, allowed)
     topo.demotion_enabled = bool(tiers and tiers.demotion_enabled)
@@ -426,7 +428,7 @@ def _tiers(topo: pb.MemoryTopology, tiers: SysTiers | None, mem_nodes: Sequence[
                               domains=[m.domain for m in members], kind="+".join(kinds))
 
 
-def _cxl(topo: pb.MemoryTopology, cxl: SysCxl | None, regions: Sequence[object]) -> None:
+def _cxl(topo: pb.MemoryTopology, cxl: SysCxl | None) -> None:
     if cxl is None:
         return
     for m in cxl.memdevs:
@@ -449,10 +451,9 @@ def _cxl(topo: pb.MemoryTopology, cxl: SysCxl | None, regions: Sequence[object])
             region.root_decoders.add(**_decoder_fields(roots[r.root_decoder]))
 
 
-def _decoder_fields(dec: object) -> dict[str, object]:
-    names = ("name", "kind", "start", "size", "interleave_ways", "interleave_granularity", "targets",
-             "mode", "region", "cap_ram", "cap_pmem")
-    return {n: getattr(dec, n) for n in names}
+def _decoder_fields(dec: CxlDecoderInfo) -> dict[str, object]:
+    """CxlDecoderInfo's fields are the CxlDecoder message's, one for one."""
+    return dataclasses.asdict(dec)
 
 
 def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, nodes: Sequence[_Node],

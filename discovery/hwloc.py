@@ -174,7 +174,9 @@ def _input_of(ctx: ProbeContext) -> _Input:
 
 
 @contextmanager
-def _environment(env: Mapping[str, str]) -> Iterator[None]:
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """hwloc's input environment for one load: variables that could redirect discovery are cleared,
+    ``env`` is set, and everything is restored afterwards (hwloc reads them at load time)."""
     keys = set(_REDIRECTING_ENV) | set(env)
     saved = {k: os.environ.get(k) for k in keys}
     try:
@@ -231,9 +233,9 @@ def _load(api: _Api, src: _Input) -> tuple[ctypes.c_void_p, str]:
         if not api.library_version:
             # Outside the input's environment: HWLOC_FSROOT would turn the synthetic load into
             # a Linux discovery of the captured tree.
-            with _environment({}):
+            with environment({}):
                 _library_version(api)
-        with _environment(src.env):
+        with environment(src.env):
             return _new_topology(api, src.path if src.kind == "xml" else None), api.library_version
 
 
