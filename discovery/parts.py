@@ -281,3 +281,50 @@ class HwlocPart:
     other_os_devices: tuple[HwlocOsDevice, ...]
     memory_tiers_nr: int = 0
     info: Mapping[str, str] = field(default_factory=dict)
+
+
+# ---- accelerators (NVML, KFD, npu-smi, xpu-smi) ----------------------------------------------------
+@dataclass(frozen=True)
+class AccelDevice:
+    """One accelerator as its vendor source reports it. Unknown strings are "", unknown ints 0."""
+
+    kind: str  # "GPU" | "NPU" | "XPU"
+    vendor: str  # "NVIDIA", "AMD", "Huawei", "Kunlunxin"
+    # The vendor tool's own id: nvidia-smi index, KFD gpu_id order, npu-smi logical id, xpu-smi id.
+    index: int
+    model: str = ""
+    uuid: str = ""  # UUID, or serial where the vendor has no UUID
+    bdf: str = ""  # "dddd:bb:dd.f", lower case, 4+ hex digit domain; "" when the tool does not say
+    memory_bytes: int = 0
+    health: str = ""  # vendor wording kept: "OK", "Warning", "Alarm", "Critical" …
+    # What the vendor tool says this device is local to; None / () when it does not say.
+    numa_node: int | None = None
+    local_cpus: Ids = ()
+    # NUMA nodes holding the device's own memory (NVML GetNumaNodeId, numa_status, KFD APU).
+    memory_numa_nodes: Ids = ()
+    # Memory is coherent with the CPUs' (C2C superchip, APU): the device belongs in a Unified domain.
+    unified_memory: bool = False
+    # Vendor facts worth showing that the schema has no field for (c2c_mode, mig_mode, card/chip
+    # ids, compute/memory partition, addressing mode …). Keys are snake_case.
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AccelLink:
+    """A direct link between two accelerators of one part (by index), in the vendor tool's words."""
+
+    a: int
+    b: int
+    # "NV4" style is split: kind "NV" + count 4. Other kinds: HCCS, HCCS_SW, SIO, XGMI, PIX, PXB,
+    # PHB, NODE, SYS, XLINK … exactly as the tool prints them.
+    kind: str
+    count: int = 0
+    bandwidth_mbps: int = 0
+
+
+@dataclass(frozen=True)
+class AcceleratorPart:
+    devices: tuple[AccelDevice, ...] = ()
+    links: tuple[AccelLink, ...] = ()
+    # Devices that form one fast domain (HCCS ring, XPU NUMA half, NVLink island), by index.
+    groups: tuple[Ids, ...] = ()

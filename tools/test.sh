@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 tools/gen_proto.sh --check
 .venv/bin/ruff check .
-.venv/bin/mypy discovery agent tests bench
+.venv/bin/mypy discovery planner agent tests bench
 lab=../shared/lab/numa-vm
 if [[ -x "$lab" && "${MEMTOPO_LAB:-1}" != 0 ]]; then
   # The lab boots a real multi-NUMA kernel under QEMU; its setup installs qemu/ndctl from Debian.

@@ -1,0 +1,101 @@
+"""Typed reads from a decoded JSON request: every policy validates its input through these."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from discovery.cpulist import CpuListError, parse_cpulist
+from planner.errors import PlanError
+
+
+def _bad(field: str, why: str) -> PlanError:
+    return PlanError("invalid_request", f"{field}: {why}")
+
+
+def as_object(obj: Any, field: str = "request") -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise _bad(field, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _missing(field: str) -> PlanError:
+    return _bad(field, "required field is missing")
+
+
+def get_int(obj: Mapping[str, Any], field: str, default: int | None = None, *, minimum: int | None = None) -> int:
+    value = obj.get(field, default)
+    if value is None:
+        raise _missing(field)
+    # bool is an int in Python; JSON true is not a count.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(field, f"expected an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise _bad(field, f"must be ≥ {minimum}, got {value}")
+    return value
+
+
+def get_bool(obj: Mapping[str, Any], field: str, default: bool | None = None) -> bool:
+    value = obj.get(field, default)
+    if value is None:
+        raise _missing(field)
+    if not isinstance(value, bool):
+        raise _bad(field, f"expected true or false, got {value!r}")
+    return value
+
+
+def get_str(obj: Mapping[str, Any], field: str, default: str | None = None) -> str:
+    value = obj.get(field, default)
+    if value is None:
+        raise _missing(field)
+    if not isinstance(value, str):
+        raise _bad(field, f"expected a string, got {value!r}")
+    return value
+
+
+def get_list(obj: Mapping[str, Any], field: str, default: list[Any] | None = None) -> list[Any]:
+    value = obj.get(field, default)
+    if value is None:
+        raise _missing(field)
+    if not isinstance(value, list):
+        raise _bad(field, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def get_int_list(obj: Mapping[str, Any], field: str, default: list[int] | None = None) -> tuple[int, ...]:
+    items = get_list(obj, field, list(default) if default is not None else None)
+    for i, item in enumerate(items):
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise _bad(f"{field}[{i}]", f"expected a non-negative integer, got {item!r}")
+    return tuple(items)
+
+
+def cpulist(value: Any, field: str) -> tuple[int, ...]:
+    """A Linux cpulist string ("0-37,40") → sorted ids."""
+    if not isinstance(value, str):
+        raise _bad(field, f"expected a cpulist string like \"0-3,8\", got {value!r}")
+    try:
+        return parse_cpulist(value)
+    except CpuListError as exc:
+        raise _bad(field, str(exc)) from None
+
+
+def get_cpulist(obj: Mapping[str, Any], field: str, default: str | None = None) -> tuple[int, ...]:
+    value = obj.get(field, default)
+    if value is None:
+        raise _missing(field)
+    return cpulist(value, field)
+
+
+def get_cpulist_map(obj: Mapping[str, Any], field: str) -> dict[int, tuple[int, ...]] | None:
+    """{"<id>": "<cpulist>"} → {id: cpus}; None when the field is absent."""
+    value = obj.get(field)
+    if value is None:
+        return None
+    mapping = as_object(value, field)
+    out: dict[int, tuple[int, ...]] = {}
+    for key, cpus in mapping.items():
+        if not isinstance(key, str) or not key.isdigit():
+            raise _bad(field, f"key {key!r} is not a non-negative integer")
+        out[int(key)] = cpulist(cpus, f"{field}[{key}]")
+    return out

@@ -1,0 +1,242 @@
+"""Synthesized hosts: a declarative spec → a sysfs/procfs tree (and its checked-in tarball) + tool replays.
+
+Hardware we do not have (GH200, MI300A, Ascend A3 …) is tested against trees written here in the
+kernel's real formats. Each host lives in ``tests/fixtures/<name>/``: ``host.py`` defines ``HOST``
+(a :class:`SynthHost`), ``root.tar.gz`` is the tree built from it (regenerate with
+``python -m tests.synth tests/fixtures/<name>``; a test checks it is current), ``tools/`` holds
+recorded tool outputs, and ``README.md`` says the files are synthesized and from which formats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import sys
+import tarfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from discovery.cpulist import format_cpulist
+from discovery.runner import RecordedRunner, ToolResult
+
+Content = str  # file body; a "-> target" prefix makes a symlink (relative target, as sysfs uses)
+
+
+def link(target: str) -> Content:
+    return f"-> {target}"
+
+
+@dataclass(frozen=True)
+class SynthNode:
+    id: int
+    cpus: Sequence[int]
+    memory_bytes: int
+    distances: Sequence[int]  # SLIT row, one entry per node of the host in id order
+    package: int = 0
+
+
+@dataclass(frozen=True)
+class SynthPci:
+    bdf: str  # "0000:3b:00.0"
+    vendor: int
+    device: int
+    class_code: int  # 24-bit, e.g. 0x030200
+    numa_node: int = -1
+    driver: str = ""
+    subsystem_vendor: int = 0
+    subsystem_device: int = 0
+    link_speed: str = "16.0 GT/s PCIe"
+    link_width: int = 16
+    msi_irqs: Sequence[int] = ()
+    # Extra attribute files in the device directory: {"mem_info_vram_total": "…"}.
+    attrs: Mapping[str, Content] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SynthHost:
+    name: str
+    nodes: Sequence[SynthNode]
+    threads_per_core: int = 2
+    pci: Sequence[SynthPci] = ()
+    # Anything else, by root-relative path (proc/driver/nvidia/…, sys/class/kfd/…).
+    files: Mapping[str, Content] = field(default_factory=dict)
+    # The process's allowed CPUs (default: all).
+    allowed_cpus: Sequence[int] | None = None
+    hostname: str = "synth"
+
+
+def _mask(ids: Sequence[int], width: int) -> str:
+    """Kernel %*pb bitmap: comma-separated 32-bit words, most significant first."""
+    words = max(1, (width + 31) // 32)
+    bits = [0] * words
+    for i in ids:
+        bits[i // 32] |= 1 << (i % 32)
+    return ",".join(f"{w:08x}" for w in reversed(bits))
+
+
+def tree(host: SynthHost) -> dict[str, Content]:
+    """Every file of the host's root, by relative path."""
+    files: dict[str, Content] = {}
+    all_cpus = sorted(c for n in host.nodes for c in n.cpus)
+    width = (max(all_cpus) + 1) if all_cpus else 1
+    node_ids = [n.id for n in host.nodes]
+    cpu_dir, node_dir = "sys/devices/system/cpu", "sys/devices/system/node"
+    for key in ("online", "possible", "present"):
+        files[f"{cpu_dir}/{key}"] = format_cpulist(all_cpus)
+    for key in ("online", "possible", "has_cpu", "has_memory", "has_normal_memory"):
+        ids = {
+            "has_cpu": [n.id for n in host.nodes if n.cpus],
+            "has_memory": [n.id for n in host.nodes if n.memory_bytes],
+            "has_normal_memory": [n.id for n in host.nodes if n.memory_bytes],
+        }.get(key, node_ids)
+        files[f"{node_dir}/{key}"] = format_cpulist(ids)
+    tpc = host.threads_per_core
+    for node in host.nodes:
+        base = f"{node_dir}/node{node.id}"
+        files[f"{base}/cpulist"] = format_cpulist(node.cpus)
+        files[f"{base}/cpumap"] = _mask(node.cpus, width)
+        files[f"{base}/distance"] = " ".join(str(d) for d in node.distances)
+        kb = node.memory_bytes // 1024
+        files[f"{base}/meminfo"] = (f"Node {node.id} MemTotal:       {kb} kB\n"
+                                    f"Node {node.id} MemFree:        {kb // 2} kB\n"
+                                    f"Node {node.id} MemUsed:        {kb - kb // 2} kB\n")
+        cpus = sorted(node.cpus)
+        # Sibling threads are numbered core-major within a node: cpus[k*tpc : (k+1)*tpc] share a core.
+        for k, cpu in enumerate(cpus):
+            core = k // tpc
+            siblings = cpus[core * tpc:(core + 1) * tpc]
+            package_cpus = sorted(c for n in host.nodes if n.package == node.package for c in n.cpus)
+            t = f"{cpu_dir}/cpu{cpu}/topology"
+            files[f"{t}/physical_package_id"] = str(node.package)
+            files[f"{t}/die_id"] = "0"
+            files[f"{t}/core_id"] = str(core + 1000 * node.id)
+            files[f"{t}/thread_siblings_list"] = format_cpulist(siblings)
+            files[f"{t}/core_cpus_list"] = format_cpulist(siblings)
+            files[f"{t}/thread_siblings"] = _mask(siblings, width)
+            files[f"{t}/core_siblings_list"] = format_cpulist(package_cpus)
+            files[f"{t}/package_cpus_list"] = format_cpulist(package_cpus)
+            files[f"{t}/core_siblings"] = _mask(package_cpus, width)
+            files[f"{cpu_dir}/cpu{cpu}/node{node.id}"] = link(f"../../node/node{node.id}")
+            files[f"{cpu_dir}/cpu{cpu}/online"] = "1"
+    for dev in host.pci:
+        root_bus = dev.bdf.rsplit(":", 2)[0] + ":" + dev.bdf.split(":")[-2]
+        path = f"sys/devices/pci{root_bus}/{dev.bdf}"
+        local = [c for n in host.nodes if n.id == dev.numa_node for c in n.cpus] or all_cpus
+        attrs: dict[str, Content] = {
+            "vendor": f"0x{dev.vendor:04x}", "device": f"0x{dev.device:04x}",
+            "subsystem_vendor": f"0x{dev.subsystem_vendor:04x}",
+            "subsystem_device": f"0x{dev.subsystem_device:04x}",
+            "class": f"0x{dev.class_code:06x}", "numa_node": str(dev.numa_node),
+            "local_cpulist": format_cpulist(local), "local_cpus": _mask(local, width),
+            "current_link_speed": dev.link_speed, "current_link_width": str(dev.link_width),
+            "max_link_speed": dev.link_speed, "max_link_width": str(dev.link_width),
+            "uevent": "\n".join(filter(None, [
+                f"DRIVER={dev.driver}" if dev.driver else "",
+                f"PCI_CLASS={dev.class_code:X}",
+                f"PCI_ID={dev.vendor:04X}:{dev.device:04X}",
+                f"PCI_SUBSYS_ID={dev.subsystem_vendor:04X}:{dev.subsystem_device:04X}",
+                f"PCI_SLOT_NAME={dev.bdf}",
+            ])),
+            **dev.attrs,
+        }
+        if dev.driver:
+            attrs["driver"] = link(f"../../../bus/pci/drivers/{dev.driver}")
+        for irq in dev.msi_irqs:
+            attrs[f"msi_irqs/{irq}"] = "msix"
+        for name, body in attrs.items():
+            files[f"{path}/{name}"] = body
+        files[f"sys/bus/pci/devices/{dev.bdf}"] = link(f"../../../devices/pci{root_bus}/{dev.bdf}")
+    allowed = list(host.allowed_cpus) if host.allowed_cpus is not None else all_cpus
+    files["proc/self/status"] = (
+        "Name:\tmemtopo\nState:\tR (running)\n"
+        f"Cpus_allowed:\t{_mask(allowed, width)}\nCpus_allowed_list:\t{format_cpulist(allowed)}\n"
+        f"Mems_allowed_list:\t{format_cpulist([n.id for n in host.nodes if n.memory_bytes])}\n"
+    )
+    files["proc/sys/kernel/hostname"] = host.hostname
+    digest = hashlib.sha256(host.name.encode()).hexdigest()
+    files["etc/machine-id"] = digest[:32]
+    files["proc/sys/kernel/random/boot_id"] = str(uuid.UUID(digest[32:64]))
+    # A plain cgroup v2 host, process in the root cgroup: nothing narrower than the tree itself.
+    files["proc/self/cgroup"] = "0::/"
+    files["proc/mounts"] = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n"
+    files["proc/self/mountinfo"] = ("35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9"
+                                    " - cgroup2 cgroup2 rw\n")
+    files["sys/fs/cgroup/cgroup.controllers"] = "cpuset cpu io memory pids"
+    files["sys/fs/cgroup/cpuset.cpus.effective"] = format_cpulist(all_cpus)
+    files["sys/fs/cgroup/cpuset.mems.effective"] = format_cpulist([n.id for n in host.nodes if n.memory_bytes])
+    files.update(host.files)
+    return files
+
+
+def tarball_bytes(host: SynthHost) -> bytes:
+    """A deterministic .tar.gz of the tree (sorted, zero mtimes), so a rebuild is byte-identical."""
+    import gzip
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        dirs: set[str] = set()
+        entries = tree(host)
+        for rel in sorted(entries):
+            parts = rel.split("/")
+            for i in range(1, len(parts)):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+            body = entries[rel]
+            info = tarfile.TarInfo(rel)
+            if body.startswith("-> "):
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, body[3:], 0o777
+                tar.addfile(info)
+            else:
+                data = (body if body.endswith("\n") or not body else body + "\n").encode()
+                info.size, info.mode = len(data), 0o444
+                tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def load_host(fixture_dir: Path) -> SynthHost:
+    spec = importlib.util.spec_from_file_location(f"synth_{fixture_dir.name}", fixture_dir / "host.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    host = module.HOST
+    assert isinstance(host, SynthHost)
+    return host
+
+
+def recorded_runner(fixture_dir: Path) -> RecordedRunner:
+    """Replays ``tools/argv.json`` ({"file.txt": ["npu-smi", "info", "-m"], …}) with each file's text.
+
+    A file named ``*.exit<N>.txt`` replays a tool that printed it and exited with status N.
+    """
+    tools = fixture_dir / "tools"
+    index = json.loads((tools / "argv.json").read_text()) if (tools / "argv.json").exists() else {}
+    recordings: dict[tuple[str, ...], ToolResult] = {}
+    for fname, argv in index.items():
+        text = (tools / fname).read_text()
+        code = 0
+        stem = fname.rsplit(".", 1)[0]
+        if ".exit" in stem:
+            code = int(stem.rsplit(".exit", 1)[1])
+        failure = None if code == 0 else f"{argv[0]}: exit status {code}"
+        recordings[tuple(argv)] = ToolResult(tuple(argv), code, text, "", failure)
+    return RecordedRunner(recordings)
+
+
+def main(argv: Sequence[str]) -> int:
+    for d in argv or sorted(str(p.parent) for p in Path(__file__).parent.glob("fixtures/*/host.py")):
+        fixture = Path(d)
+        (fixture / "root.tar.gz").write_bytes(tarball_bytes(load_host(fixture)))
+        print(f"wrote {fixture / 'root.tar.gz'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
