@@ -6,11 +6,13 @@ no stdin, and a timeout. Failures come back as a :class:`ToolResult` with a reas
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -67,11 +69,47 @@ class SubprocessRunner:
         return ToolResult(args, proc.returncode, out, err, failure)
 
 
+# Inside a captured root: tool outputs recorded with it (by `memtopo gather`, or a synthesized
+# fixture), so `topo --root` replays that host's tools instead of running this host's.
+RECORDED_TOOLS_DIR = ".memtopo/tools"
+
+
 @dataclass(frozen=True)
 class RecordedRunner:
     """Replays recorded outputs keyed by argv; an unknown argv behaves like a missing tool."""
 
     recordings: Mapping[tuple[str, ...], ToolResult]
+
+    @classmethod
+    def from_dir(cls, tools: Path) -> RecordedRunner:
+        """``argv.json`` ({"file.txt": ["npu-smi", "info", "-m"], …}) and each file's text.
+
+        A file named ``*.exit<N>.txt`` replays a tool that printed it and exited with status N.
+        A directory without ``argv.json`` replays no tool at all.
+        """
+        index_path = tools / "argv.json"
+        try:
+            index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+        except (OSError, ValueError):
+            index = {}
+        recordings: dict[tuple[str, ...], ToolResult] = {}
+        if not isinstance(index, dict):
+            return cls(recordings)
+        for fname, argv in index.items():
+            if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+                continue
+            if "/" in fname or fname.startswith("."):
+                continue  # never read outside the tools directory
+            try:
+                text = (tools / fname).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            stem = fname.rsplit(".", 1)[0]
+            _, sep, code_s = stem.rpartition(".exit")
+            code = int(code_s) if sep and code_s.isdigit() else 0
+            failure = None if code == 0 else f"{argv[0]}: exit status {code}"
+            recordings[tuple(argv)] = ToolResult(tuple(argv), code, text, "", failure)
+        return cls(recordings)
 
     def run(self, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
         args = tuple(argv)

@@ -9,7 +9,10 @@ from enum import Enum
 from pathlib import Path
 
 from discovery.hostfs import HostFS, HostReadError
-from discovery.runner import Runner, SubprocessRunner
+from discovery.runner import RECORDED_TOOLS_DIR, RecordedRunner, Runner, SubprocessRunner
+
+# NVML answers recorded with a captured root (JSON; format in discovery/nvidia.py).
+RECORDED_NVML = ".memtopo/nvml.json"
 
 
 class State(Enum):
@@ -28,21 +31,34 @@ class SourceStatus:
 
 @dataclass(frozen=True)
 class ProbeContext:
-    """Where a probe reads from. ``hwloc_xml`` replaces the root for the hwloc probe."""
+    """Where a probe reads from. ``hwloc_xml`` replaces the root for the hwloc probe.
+
+    Vendor libraries (NVML, amdsmi) are queried only for the live host (``libraries_live``); for a
+    captured root they are replayed from ``nvml_replay`` when the capture has one, else unavailable:
+    a capture is not this host, and mixing the two would report someone else's GPUs.
+    """
 
     fs: HostFS
     runner: Runner = field(default_factory=SubprocessRunner)
     hwloc_xml: Path | None = None
     # Extra environment for hwloc's load (the `env:` lines of an hwloc .test, HWLOC_PCI_LOCALITY ...).
     hwloc_env: Mapping[str, str] = field(default_factory=dict)
+    libraries_live: bool = False
+    nvml_replay: Path | None = None
 
     @classmethod
     def live(cls) -> ProbeContext:
-        return cls(HostFS.at("/"))
+        return cls(HostFS.at("/"), libraries_live=True)
 
     @classmethod
     def at_root(cls, root: str | Path, **kw: object) -> ProbeContext:
-        return cls(HostFS.at(root), **kw)  # type: ignore[arg-type]
+        """A captured root: its tools and NVML are replayed from what was recorded with it."""
+        fs = HostFS.at(root)
+        kw.setdefault("runner", RecordedRunner.from_dir(fs.path(RECORDED_TOOLS_DIR)))
+        replay = fs.path(RECORDED_NVML)
+        if "nvml_replay" not in kw and replay.is_file():
+            kw["nvml_replay"] = replay
+        return cls(fs, **kw)  # type: ignore[arg-type]
 
     @property
     def sysfs_available(self) -> bool:

@@ -2,17 +2,20 @@
 
 Hardware we do not have (GH200, MI300A, Ascend A3 …) is tested against trees written here in the
 kernel's real formats. Each host lives in ``tests/fixtures/<name>/``: ``host.py`` defines ``HOST``
-(a :class:`SynthHost`), ``root.tar.gz`` is the tree built from it (regenerate with
-``python -m tests.synth tests/fixtures/<name>``; a test checks it is current), ``tools/`` holds
-recorded tool outputs, and ``README.md`` says the files are synthesized and from which formats.
+(a :class:`SynthHost`); ``tools/`` holds recorded tool outputs with ``tools/argv.json`` naming the
+argv of each file (see ``RecordedRunner.from_dir``); ``nvml.json`` the NVML replay, if any;
+``root.tar.gz`` is the tree built from all of it (regenerate with
+``python -m tests.synth tests/fixtures/<name>``; a test checks it is current), which
+``memtopo topo --root`` reads like any capture; ``README.md`` says the files are synthesized and
+from which formats.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.util
 import io
-import json
 import sys
 import tarfile
 import uuid
@@ -21,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from discovery.cpulist import format_cpulist
-from discovery.runner import RecordedRunner, ToolResult
+from discovery.runner import RECORDED_TOOLS_DIR
+from discovery.source import RECORDED_NVML
 
 Content = str  # file body; a "-> target" prefix makes a symlink (relative target, as sysfs uses)
 
@@ -172,14 +176,24 @@ def tree(host: SynthHost) -> dict[str, Content]:
     return files
 
 
-def tarball_bytes(host: SynthHost) -> bytes:
-    """A deterministic .tar.gz of the tree (sorted, zero mtimes), so a rebuild is byte-identical."""
-    import gzip
+def fixture_files(fixture_dir: Path) -> dict[str, Content]:
+    """The host's tree plus what is recorded with it: ``tools/`` and ``nvml.json`` go under
+    ``.memtopo/``, where ``ProbeContext.at_root`` replays them from."""
+    files = tree(load_host(fixture_dir))
+    tools = fixture_dir / "tools"
+    if tools.is_dir():
+        for f in sorted(tools.iterdir()):
+            files[f"{RECORDED_TOOLS_DIR}/{f.name}"] = f.read_text()
+    if (fixture_dir / "nvml.json").is_file():
+        files[RECORDED_NVML] = (fixture_dir / "nvml.json").read_text()
+    return files
 
+
+def tarball_bytes(entries: Mapping[str, Content]) -> bytes:
+    """A deterministic .tar.gz of a tree (sorted, zero mtimes), so a rebuild is byte-identical."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         dirs: set[str] = set()
-        entries = tree(host)
         for rel in sorted(entries):
             parts = rel.split("/")
             for i in range(1, len(parts)):
@@ -195,7 +209,9 @@ def tarball_bytes(host: SynthHost) -> bytes:
                 info.type, info.linkname, info.mode = tarfile.SYMTYPE, body[3:], 0o777
                 tar.addfile(info)
             else:
-                data = (body if body.endswith("\n") or not body else body + "\n").encode()
+                # Tool recordings keep their bytes exactly (upstream mocks have no trailing newline).
+                verbatim = rel.startswith(".memtopo/")
+                data = (body if verbatim or body.endswith("\n") or not body else body + "\n").encode()
                 info.size, info.mode = len(data), 0o444
                 tar.addfile(info, io.BytesIO(data))
     return gzip.compress(raw.getvalue(), mtime=0)
@@ -211,29 +227,10 @@ def load_host(fixture_dir: Path) -> SynthHost:
     return host
 
 
-def recorded_runner(fixture_dir: Path) -> RecordedRunner:
-    """Replays ``tools/argv.json`` ({"file.txt": ["npu-smi", "info", "-m"], …}) with each file's text.
-
-    A file named ``*.exit<N>.txt`` replays a tool that printed it and exited with status N.
-    """
-    tools = fixture_dir / "tools"
-    index = json.loads((tools / "argv.json").read_text()) if (tools / "argv.json").exists() else {}
-    recordings: dict[tuple[str, ...], ToolResult] = {}
-    for fname, argv in index.items():
-        text = (tools / fname).read_text()
-        code = 0
-        stem = fname.rsplit(".", 1)[0]
-        if ".exit" in stem:
-            code = int(stem.rsplit(".exit", 1)[1])
-        failure = None if code == 0 else f"{argv[0]}: exit status {code}"
-        recordings[tuple(argv)] = ToolResult(tuple(argv), code, text, "", failure)
-    return RecordedRunner(recordings)
-
-
 def main(argv: Sequence[str]) -> int:
     for d in argv or sorted(str(p.parent) for p in Path(__file__).parent.glob("fixtures/*/host.py")):
         fixture = Path(d)
-        (fixture / "root.tar.gz").write_bytes(tarball_bytes(load_host(fixture)))
+        (fixture / "root.tar.gz").write_bytes(tarball_bytes(fixture_files(fixture)))
         print(f"wrote {fixture / 'root.tar.gz'}")
     return 0
 
