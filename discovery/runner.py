@@ -117,3 +117,19 @@ class RecordedRunner:
         if rec is None:
             return ToolResult(args, None, "", failure=f"{args[0] if args else '?'}: not found")
         return rec
+
+
+# Enough for one probe's independent calls (npu-smi's three views, xpu-smi per device) without
+# letting a 16-device host start 16 tool processes at once.
+MAX_CONCURRENT_TOOLS = 4
+
+
+def run_all(runner: Runner, argvs: Sequence[Sequence[str]], timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
+    """Run independent tool calls concurrently, results in argv order: one slow tool costs its
+    own timeout, not the sum of all of them."""
+    if len(argvs) <= 1:
+        return [runner.run(a, timeout) for a in argvs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT_TOOLS, len(argvs))) as pool:
+        return list(pool.map(lambda a: runner.run(a, timeout), argvs))
