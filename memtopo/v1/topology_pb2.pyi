@@ -247,6 +247,8 @@ class MemoryTopology(_message.Message):
     SOURCES_FIELD_NUMBER: _builtins.int
     SOURCE_ROOT_FIELD_NUMBER: _builtins.int
     DEMOTION_ENABLED_FIELD_NUMBER: _builtins.int
+    ACCELERATOR_LINKS_FIELD_NUMBER: _builtins.int
+    ACCELERATOR_GROUPS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     machine_id: _builtins.str
     boot_id: _builtins.str
@@ -294,6 +296,16 @@ class MemoryTopology(_message.Message):
     def cpus(self) -> Global___CpuSummary: ...
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___SourceStatus]: ...
+    @_builtins.property
+    def accelerator_links(self) -> _containers.RepeatedCompositeFieldContainer[Global___AcceleratorLink]:
+        """Direct links between accelerators (NVLink, HCCS, XGMI …) and, for every pair, the PCIe path
+        class in `nvidia-smi topo -m` words.
+        """
+
+    @_builtins.property
+    def accelerator_groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___AcceleratorGroup]:
+        """Accelerators that form one fast domain: HCCS rings, XPU NUMA halves, NVLink islands."""
+
     def __init__(
         self,
         *,
@@ -319,10 +331,12 @@ class MemoryTopology(_message.Message):
         sources: _abc.Iterable[Global___SourceStatus] | None = ...,
         source_root: _builtins.str = ...,
         demotion_enabled: _builtins.bool = ...,
+        accelerator_links: _abc.Iterable[Global___AcceleratorLink] | None = ...,
+        accelerator_groups: _abc.Iterable[Global___AcceleratorGroup] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "cpus", b"cpus", "discovery_time", b"discovery_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerators", b"accelerators", "allowed_cpus", b"allowed_cpus", "allowed_memory_nodes", b"allowed_memory_nodes", "boot_id", b"boot_id", "cgroup", b"cgroup", "cpus", b"cpus", "cxl_devices", b"cxl_devices", "cxl_regions", b"cxl_regions", "demotion_enabled", b"demotion_enabled", "discovery_time", b"discovery_time", "domains", b"domains", "fingerprint", b"fingerprint", "generation", b"generation", "interconnects", b"interconnects", "machine_id", b"machine_id", "memory_tiers", b"memory_tiers", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "pci_devices", b"pci_devices", "source_root", b"source_root", "sources", b"sources", "total_capacity_bytes", b"total_capacity_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_groups", b"accelerator_groups", "accelerator_links", b"accelerator_links", "accelerators", b"accelerators", "allowed_cpus", b"allowed_cpus", "allowed_memory_nodes", b"allowed_memory_nodes", "boot_id", b"boot_id", "cgroup", b"cgroup", "cpus", b"cpus", "cxl_devices", b"cxl_devices", "cxl_regions", b"cxl_regions", "demotion_enabled", b"demotion_enabled", "discovery_time", b"discovery_time", "domains", b"domains", "fingerprint", b"fingerprint", "generation", b"generation", "interconnects", b"interconnects", "machine_id", b"machine_id", "memory_tiers", b"memory_tiers", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "pci_devices", b"pci_devices", "source_root", b"source_root", "sources", b"sources", "total_capacity_bytes", b"total_capacity_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1055,6 +1069,26 @@ Global___CxlRegion: _TypeAlias = CxlRegion  # noqa: Y015
 class Accelerator(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class AttributesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     INDEX_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     VENDOR_FIELD_NUMBER: _builtins.int
@@ -1068,6 +1102,9 @@ class Accelerator(_message.Message):
     DOMAIN_FIELD_NUMBER: _builtins.int
     MEMORY_NUMA_NODES_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    ATTRIBUTES_FIELD_NUMBER: _builtins.int
+    UNIFIED_MEMORY_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     kind: Global___AcceleratorKind.ValueType
     vendor: _builtins.str
@@ -1080,11 +1117,21 @@ class Accelerator(_message.Message):
     domain: _builtins.int
     source: _builtins.str
     """Source of this record (nvml, kfd, npu-smi, xpu-smi, pci, hwloc)."""
+    id: _builtins.str
+    """Unique on the node: kind + vendor index ("GPU0", "NPU12", "XPU3"); links and groups use it."""
+    unified_memory: _builtins.bool
+    """True when the device's memory is coherent system memory (GH200/GB200 C2C, MI300A)."""
     @_builtins.property
     def local_cpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def memory_numa_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """NUMA nodes holding this accelerator's own memory (GPU-memory nodes)."""
+
+    @_builtins.property
+    def attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Vendor facts without a field of their own (c2c_mode, mig_mode, card_id, chip_id, processes,
+        compute_partition …), snake_case keys.
+        """
 
     def __init__(
         self,
@@ -1102,11 +1149,76 @@ class Accelerator(_message.Message):
         domain: _builtins.int = ...,
         memory_numa_nodes: _abc.Iterable[_builtins.int] | None = ...,
         source: _builtins.str = ...,
+        id: _builtins.str = ...,
+        attributes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        unified_memory: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bdf", b"bdf", "domain", b"domain", "health", b"health", "index", b"index", "kind", b"kind", "local_cpus", b"local_cpus", "memory_bytes", b"memory_bytes", "memory_numa_nodes", b"memory_numa_nodes", "model", b"model", "numa_node", b"numa_node", "source", b"source", "uuid", b"uuid", "vendor", b"vendor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "bdf", b"bdf", "domain", b"domain", "health", b"health", "id", b"id", "index", b"index", "kind", b"kind", "local_cpus", b"local_cpus", "memory_bytes", b"memory_bytes", "memory_numa_nodes", b"memory_numa_nodes", "model", b"model", "numa_node", b"numa_node", "source", b"source", "unified_memory", b"unified_memory", "uuid", b"uuid", "vendor", b"vendor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Accelerator: _TypeAlias = Accelerator  # noqa: Y015
+
+@_typing.final
+class AcceleratorLink(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    A_FIELD_NUMBER: _builtins.int
+    B_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    BANDWIDTH_MBPS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    a: _builtins.str
+    """Accelerator.id, a < b"""
+    b: _builtins.str
+    kind: _builtins.str
+    """The vendor tool's word (NV, HCCS, HCCS_SW, SIO, XGMI, PIX, PXB, PHB, NODE, SYS …)."""
+    count: _builtins.int
+    """Link count for NV# (NV4 → 4); 0 when the kind has no count."""
+    bandwidth_mbps: _builtins.int
+    source: _builtins.str
+    """Where it came from: the vendor source name, or "pci" for a path class derived from the tree."""
+    def __init__(
+        self,
+        *,
+        a: _builtins.str = ...,
+        b: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        count: _builtins.int = ...,
+        bandwidth_mbps: _builtins.int = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["a", b"a", "b", b"b", "bandwidth_mbps", b"bandwidth_mbps", "count", b"count", "kind", b"kind", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcceleratorLink: _TypeAlias = AcceleratorLink  # noqa: Y015
+
+@_typing.final
+class AcceleratorGroup(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"hccs-ring", "numa-half", "nvlink-island" …"""
+    @_builtins.property
+    def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        members: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "members", b"members"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcceleratorGroup: _TypeAlias = AcceleratorGroup  # noqa: Y015
