@@ -12,8 +12,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from discovery.accelerators import Accelerators, Record, hwloc_pci_node, pci_views
+from discovery.accelerators import build as build_accelerators
 from discovery.cpulist import format_cpulist
 from discovery.parts import (
+    AcceleratorPart,
     Allowed,
     CxlDecoderInfo,
     DaxInfo,
@@ -21,6 +24,7 @@ from discovery.parts import (
     HwlocNode,
     HwlocPart,
     Identity,
+    Ids,
     SysCxl,
     SysNode,
     SysNuma,
@@ -41,6 +45,7 @@ _STATE = {
     State.DEGRADED: pb.SOURCE_STATE_DEGRADED,
     State.UNAVAILABLE: pb.SOURCE_STATE_UNAVAILABLE,
 }
+_ACCEL_KIND = {"GPU": pb.ACCELERATOR_KIND_GPU, "NPU": pb.ACCELERATOR_KIND_NPU, "XPU": pb.ACCELERATOR_KIND_XPU}
 _KIND = {
     "gpu": pb.PCI_DEVICE_KIND_GPU,
     "nic": pb.PCI_DEVICE_KIND_NIC,
@@ -67,6 +72,8 @@ class Parts:
     pci: ProbeResult[SysPci] | None = None
     allowed: ProbeResult[Allowed] | None = None
     hwloc: ProbeResult[HwlocPart] | None = None
+    # Vendor accelerator sources by name (nvml, amd.kfd, npu-smi, xpu-smi).
+    accelerators: Mapping[str, ProbeResult[AcceleratorPart]] = field(default_factory=dict)
     extra_statuses: tuple[SourceStatus, ...] = field(default=())
 
 
@@ -123,47 +130,71 @@ def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
         topo.node_name, topo.machine_id, topo.boot_id = (
             identity.node_name, identity.machine_id, identity.boot_id)
 
-    # Domains: one per online node with memory, in node order.
+    node_memory = {n.id: n.memory for n in nodes if n.online}
+    cpu_nodes = {n.id for n in nodes if n.cpus}
+    views = pci_views(pci, hw, cpu_nodes)
+    accels = build_accelerators(
+        {src: r.data for src, r in parts.accelerators.items() if r.status.state is not State.UNAVAILABLE},
+        views, hw, node_memory)
+
+    # Domains: one per online node with memory, in node order, except that a superchip's CPU node
+    # and GPU-memory node(s) form one Unified domain (numbered at its first node).
     mem_nodes = [n for n in nodes if n.online and n.memory > 0]
+    group_of = {node: g for g in accels.unified_groups for node in g}
+    members: list[list[_Node]] = []
+    domain_of_group: dict[Ids, int] = {}
+    for node in mem_nodes:
+        g = group_of.get(node.id)
+        if g is not None and g in domain_of_group:
+            node.domain = domain_of_group[g]
+            members[node.domain].append(node)
+            continue
+        node.domain = len(members)
+        members.append([node])
+        if g is not None:
+            domain_of_group[g] = node.domain
+    unified_domains = set(domain_of_group.values())
+    # The node that speaks for a domain in distances and links: its first node with CPUs.
+    primaries = [next((n for n in ms if n.cpus), ms[0]) for ms in members]
     dram_bw = _dram_reference_bandwidth(mem_nodes)
     memattrs = _MemattrIndex(hw)
-    for idx, node in enumerate(mem_nodes):
-        node.domain = idx
     normal = set(numa.has_normal_memory) if numa and numa.has_normal_memory is not None else None
-    for node in mem_nodes:
-        subtype = node.hw.subtype if node.hw else ""
-        dax = dax_by_node.get(node.id)
-        dtype = _domain_type(node, subtype, dax, dram_bw)
+    for domain_id, (ms, primary) in enumerate(zip(members, primaries, strict=True)):
+        subtype = "+".join(sorted({n.hw.subtype for n in ms if n.hw and n.hw.subtype}))
+        dax = dax_by_node.get(primary.id)
+        unified = domain_id in unified_domains
+        dtype = pb.MEMORY_DOMAIN_TYPE_UNIFIED if unified else _domain_type(primary, subtype, dax, dram_bw)
         d = topo.domains.add(
-            id=node.domain,
+            id=domain_id,
             type=dtype,
-            capacity_bytes=node.memory,
-            free_bytes=node.free,
-            numa_nodes=[node.id],
-            attached_cpus=node.cpus,
-            kernel_tier=kernel_tier_of.get(node.id, -1),
-            hwloc_tier=node.hw.memory_tier if node.hw and node.hw.memory_tier is not None else -1,
+            capacity_bytes=sum(n.memory for n in ms),
+            free_bytes=sum(n.free for n in ms),
+            numa_nodes=[n.id for n in ms],
+            attached_cpus=sorted({c for n in ms for c in n.cpus}),
+            kernel_tier=kernel_tier_of.get(primary.id, -1),
+            hwloc_tier=primary.hw.memory_tier if primary.hw and primary.hw.memory_tier is not None else -1,
             subtype=subtype,
-            distances=[node.distance_to(other.id) for other in mem_nodes],
-            local_cpus=_local_cpus(node, by_id),
-            movable_only=normal is not None and node.id not in normal,
+            distances=[primary.distance_to(other.id) for other in primaries],
+            local_cpus=sorted({c for n in ms for c in _local_cpus(n, by_id)}),
+            movable_only=normal is not None and all(n.id not in normal for n in ms),
             cxl_region=region_index.get(dax.cxl_region, -1) if dax and dax.cxl_region else -1,
         )
-        if node.sys:
-            for c in node.sys.side_caches:
+        for n in ms:
+            for c in n.sys.side_caches if n.sys else ():
                 d.memory_side_caches.add(
                     level=c.level, size_bytes=c.size_bytes, line_size_bytes=c.line_size_bytes,
                     indexing=c.indexing, write_policy=c.write_policy)
-        best = _best_initiator_perf(node, memattrs)
+        best = _best_initiator_perf(primary, memattrs)
         if best is not None:
             d.local_performance.CopyFrom(best)
     topo.total_capacity_bytes = sum(d.capacity_bytes for d in topo.domains)
 
-    _interconnects(topo, mem_nodes, memattrs)
+    _interconnects(topo, primaries, memattrs)
+    _accelerators(topo, accels, by_id)
     _numa_nodes(topo, nodes, numa, hw)
     _tiers(topo, tiers, mem_nodes)
     _cxl(topo, cxl)
-    _pci(topo, pci, hw, nodes, consistency)
+    _pci(topo, pci, hw, cpu_nodes, consistency)
     _cpus_and_allowed(topo, numa, hw, allowed)
     topo.demotion_enabled = bool(tiers and tiers.demotion_enabled)
     _statuses(topo, parts, consistency)
@@ -362,9 +393,11 @@ def _best_initiator_perf(node: _Node, memattrs: _MemattrIndex) -> pb.LinkPerform
     return memattrs.perf(node.id, cpus) if cpus else None
 
 
-def _interconnects(topo: pb.MemoryTopology, mem_nodes: Sequence[_Node], memattrs: _MemattrIndex) -> None:
-    """Every domain pair. This is the quadratic part of assembly (2016 pairs at 64 nodes), so each
-    pair starts as a copy of a SLIT-only template and only targets with figures are looked up."""
+def _interconnects(topo: pb.MemoryTopology, primaries: Sequence[_Node], memattrs: _MemattrIndex) -> None:
+    """Every domain pair, between the nodes speaking for each domain. This is the quadratic part of
+    assembly (2016 pairs at 64 nodes), so each pair starts as a copy of a SLIT-only template and
+    only targets with figures are looked up."""
+    mem_nodes = primaries
     types = [d.type for d in topo.domains]
     has_figures = [((acc := _hmat_access(n)) is not None and acc.has_figures) or memattrs.has_target(n.id)
                    for n in mem_nodes]
@@ -380,11 +413,58 @@ def _interconnects(topo: pb.MemoryTopology, mem_nodes: Sequence[_Node], memattrs
             m = links.add()
             m.CopyFrom(template[pb.MEMORY_LINK_TYPE_CXL_SWITCH if cxl_pair else pb.MEMORY_LINK_TYPE_NUMA_LINK])
             m.domain_a, m.domain_b = i, j
+            m.numa_node_a, m.numa_node_b = a.id, b.id
             m.distance_a_to_b, m.distance_b_to_a = a.distance_to(b.id), b.distance_to(a.id)
             if has_figures[j]:
                 m.a_to_b.CopyFrom(_pair_perf(a, b, memattrs))
             if has_figures[i]:
                 m.b_to_a.CopyFrom(_pair_perf(b, a, memattrs))
+
+
+def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[int, _Node]) -> None:
+    """Each device belongs to the domain of its NUMA node (a Unified one for superchips; none for
+    node -1) and is attached to that domain and to the domains holding its own memory."""
+    for idx, rec in enumerate(accels.records):
+        node = by_id.get(rec.numa_node)
+        domain = node.domain if node is not None else -1
+        topo.accelerators.add(
+            index=rec.index, kind=_ACCEL_KIND.get(rec.kind, pb.ACCELERATOR_KIND_OTHER), vendor=rec.vendor,
+            model=rec.model, uuid=rec.uuid, bdf=rec.bdf, memory_bytes=rec.memory_bytes, health=rec.health,
+            numa_node=rec.numa_node, local_cpus=rec.local_cpus, domain=domain,
+            memory_numa_nodes=rec.memory_numa_nodes, source=rec.source, id=rec.id,
+            attributes=rec.attributes, unified_memory=rec.unified)
+        attached = {domain} | {by_id[n].domain for n in rec.memory_numa_nodes if n in by_id}
+        for d in sorted(attached - {-1}):
+            topo.domains[d].attached_accelerators.append(idx)
+        if rec.unified and domain >= 0:
+            _coherent_fabric(topo, rec, domain)
+    for link in accels.links:
+        topo.accelerator_links.add(a=link.a, b=link.b, kind=link.kind, count=link.count,
+                                   bandwidth_mbps=link.bandwidth_mbps, source=link.source)
+    for kind, ids in accels.groups:
+        topo.accelerator_groups.add(kind=kind, members=ids)
+
+
+def _coherent_fabric(topo: pb.MemoryTopology, rec: Record, domain: int) -> None:
+    """The CPU↔GPU link inside a Unified domain (seed 002: a CoherentFabric interconnect carrying the
+    C2C bandwidth). Only the vendor's figure is used; without one the link is reported with 0
+    (unknown), never a datasheet number."""
+    bw = _int_attr(rec.attributes.get("c2c_bandwidth_mbps", ""))
+    perf = pb.LinkPerformance(read_bandwidth_mbps=bw, write_bandwidth_mbps=bw,
+                              source=pb.PERFORMANCE_SOURCE_VENDOR_API if bw else pb.PERFORMANCE_SOURCE_UNSPECIFIED,
+                              access_class=-1)
+    cpu_node = rec.numa_node
+    gpu_node = next(iter(rec.memory_numa_nodes), -1)
+    topo.interconnects.add(domain_a=domain, domain_b=domain, link_type=pb.MEMORY_LINK_TYPE_COHERENT_FABRIC,
+                           a_to_b=perf, b_to_a=perf, numa_node_a=cpu_node, numa_node_b=gpu_node,
+                           accelerator=rec.id)
+
+
+def _int_attr(text: str) -> int:
+    try:
+        return max(0, int(float(text)))
+    except ValueError:
+        return 0
 
 
 # ---- the rest of the message -------------------------------------------------------------------------
@@ -456,10 +536,9 @@ def _decoder_fields(dec: CxlDecoderInfo) -> dict[str, object]:
     return dataclasses.asdict(dec)
 
 
-def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, nodes: Sequence[_Node],
+def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, cpu_nodes: set[int],
          consistency: list[str]) -> None:
     hw_pci = {p.bdf: p for p in hw.pci} if hw else {}
-    cpu_nodes = {n.id for n in nodes if n.cpus}
     seen: set[str] = set()
     for dev in pci.devices if pci else ():
         seen.add(dev.bdf)
@@ -483,12 +562,11 @@ def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, node
     # Devices only hwloc knows (XML input): their node is hwloc's locality when it names one CPU node.
     for bdf in sorted(set(hw_pci) - seen, key=_bdf_key):
         h = hw_pci[bdf]
-        local_cpu_nodes = [n for n in h.nodeset if n in cpu_nodes]
         topo.pci_devices.add(
             bdf=h.bdf, vendor_id=h.vendor_id, device_id=h.device_id,
             subsystem_vendor_id=h.subsystem_vendor_id, subsystem_device_id=h.subsystem_device_id,
             class_code=h.class_code, kind=_KIND[classify(h.vendor_id, h.device_id, h.class_code)],
-            numa_node=local_cpu_nodes[0] if len(local_cpu_nodes) == 1 else -1,
+            numa_node=hwloc_pci_node(h, cpu_nodes),
             local_cpus=h.cpuset, local_numa_nodes=h.nodeset,
             link_speed=f"{h.link_speed_gbps:g} GB/s" if h.link_speed_gbps else "",
             os_devices=sorted(o.name for o in h.os_devices))
@@ -525,7 +603,8 @@ def _cpus_and_allowed(topo: pb.MemoryTopology, numa: SysNuma | None, hw: HwlocPa
 
 
 def _statuses(topo: pb.MemoryTopology, parts: Parts, consistency: list[str]) -> None:
-    results = [parts.identity, parts.hwloc, parts.numa, parts.tiers, parts.cxl, parts.pci, parts.allowed]
+    results = [parts.identity, parts.hwloc, parts.numa, parts.tiers, parts.cxl, parts.pci, parts.allowed,
+               *parts.accelerators.values()]
     statuses = [r.status for r in results if r is not None] + list(parts.extra_statuses)
     for st in sorted(statuses, key=lambda s: s.source):
         state, reasons = st.state, list(st.reasons)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from discovery import hwloc, identity, proc_allowed, sysfs_cxl, sysfs_numa, sysfs_pci, sysfs_tiers
 from discovery.assemble import Parts, assemble
 from discovery.fingerprint import fingerprint
-from discovery.parts import HwlocPart
+from discovery.parts import AcceleratorPart, HwlocPart
 from discovery.source import ProbeContext, ProbeResult, SourceStatus, State
 from memtopo.v1 import topology_pb2 as pb
 
@@ -33,10 +34,22 @@ class _Backstop:
             return None
 
 
+# Vendor accelerator sources. Each runs its own tools concurrently (runner.run_all).
+ACCELERATOR_PROBES: tuple[tuple[str, Callable[[ProbeContext], ProbeResult[AcceleratorPart]]], ...] = ()
+
+
 def collect(ctx: ProbeContext) -> Parts:
     """All probes' parts. hwloc's load is C code that releases the GIL, so the sysfs probes run
-    beside it on another core instead of after it (with XML input there is nothing to overlap)."""
+    beside it on another core instead of after it (with XML input there is nothing to overlap).
+
+    On the live host the vendor probes start first, in their own threads: their tools and
+    libraries can take seconds (or hang until their timeout), and that wait should overlap
+    everything else rather than add to it. Replayed tools answer instantly and run inline."""
     backstop = _Backstop(ctx)
+    vendor_pool = ThreadPoolExecutor(max_workers=len(ACCELERATOR_PROBES)) if (
+        ctx.libraries_live and ACCELERATOR_PROBES) else None
+    vendor_futures = {name: vendor_pool.submit(backstop.run, name, probe)
+                      for name, probe in ACCELERATOR_PROBES} if vendor_pool else {}
     hw: list[ProbeResult[HwlocPart] | None] = []
     hw_thread = threading.Thread(target=lambda: hw.append(backstop.run(hwloc.SOURCE, hwloc.probe)))
     if ctx.sysfs_available:
@@ -49,10 +62,17 @@ def collect(ctx: ProbeContext) -> Parts:
     cxl_r = backstop.run(sysfs_cxl.SOURCE, sysfs_cxl.probe)
     pci_r = backstop.run(sysfs_pci.SOURCE, sysfs_pci.probe)
     allowed_r = backstop.run(proc_allowed.SOURCE, proc_allowed.probe)
+    vendor: dict[str, ProbeResult[AcceleratorPart] | None] = {}
+    if vendor_pool is None:
+        vendor = {name: backstop.run(name, probe) for name, probe in ACCELERATOR_PROBES}
     if hw_thread.is_alive() or ctx.sysfs_available:
         hw_thread.join()
+    if vendor_pool is not None:
+        vendor = {name: f.result() for name, f in vendor_futures.items()}
+        vendor_pool.shutdown()
     return Parts(identity=identity_r, numa=numa_r, tiers=tiers_r, cxl=cxl_r, pci=pci_r, allowed=allowed_r,
-                 hwloc=hw[0] if hw else None, extra_statuses=tuple(backstop.failures))
+                 hwloc=hw[0] if hw else None, accelerators={k: v for k, v in vendor.items() if v is not None},
+                 extra_statuses=tuple(backstop.failures))
 
 
 def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:

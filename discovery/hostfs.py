@@ -135,14 +135,18 @@ class HostFS:
         except CpuListError as exc:
             raise HostReadError(rel, str(exc)) from exc
 
-    def readlink_name(self, rel: str) -> str:
-        """The last component of a symlink's target (``driver`` → ``nvme``)."""
+    def readlink(self, rel: str) -> str:
+        """A symlink's target text, unresolved (sysfs links are relative: ``../../../devices/…``)."""
         try:
-            return os.path.basename(os.readlink(self._join(rel)))
+            return os.readlink(self._join(rel))
         except FileNotFoundError as exc:
             raise HostReadError(rel, "missing") from exc
         except OSError as exc:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+
+    def readlink_name(self, rel: str) -> str:
+        """The last component of a symlink's target (``driver`` → ``nvme``)."""
+        return os.path.basename(self.readlink(rel))
 
     def resolve(self, rel: str) -> str:
         """The root-relative real path of ``rel``; refuses targets outside the root."""

@@ -26,6 +26,7 @@ from discovery.parts import (
     HwlocDistances,
     HwlocMemattrValue,
     HwlocNode,
+    HwlocObjectDistances,
     HwlocOsDevice,
     HwlocPackage,
     HwlocPart,
@@ -76,6 +77,7 @@ _INCLUDE_DISALLOWED = 1 << 0
 _FILTER_KEEP_ALL = 0
 
 
+_BRIDGE_TYPE_HOST = 0  # HWLOC_OBJ_BRIDGE_HOST
 _PCI_FIELDS = ("domain", "bus", "dev", "func", "prog_if", "class_id", "vendor_id", "device_id",
                "subvendor_id", "subdevice_id", "linkspeed")
 
@@ -389,38 +391,49 @@ class _Extractor:
         return tuple(HwlocPackage(o.os_index, self.ids(o.cpuset))
                      for o in self.level_of_type(self.api.t_package))
 
-    def distances(self) -> tuple[HwlocDistances, ...]:
+    def distances(self) -> tuple[tuple[HwlocDistances, ...], tuple[HwlocObjectDistances, ...]]:
+        """NUMA matrices, and the others (NVLinkBandwidth …) with their objects labelled."""
         lib, hdl, t_numa = self.lib, self.hdl, self.api.t_numa
         nr = ctypes.c_uint(0)
         lib.hwloc_distances_get(hdl, ctypes.byref(nr), None, 0, 0)
         if not nr.value:
-            return ()
+            return (), ()
         arr = (self.api.distances_ptr * nr.value)()
         if lib.hwloc_distances_get(hdl, ctypes.byref(nr), arr, 0, 0) != 0:
             self.status.problem("hwloc_distances_get failed")
-            return ()
+            return (), ()
         out: list[HwlocDistances] = []
+        others: list[HwlocObjectDistances] = []
         try:
             for i in range(min(nr.value, len(arr))):
                 d = arr[i].contents
                 n = d.nbobjs
                 objs = [d.objs[j].contents for j in range(n)]
-                # Matrices over PUs, packages or GPU OS devices (NVLinkBandwidth) are not memory
-                # topology; keeping them would need a second, object-typed result type.
-                if not objs or any(o.type != t_numa for o in objs):
+                if not objs:
                     continue
                 flat = d.values[: n * n]
                 name = lib.hwloc_distances_get_name(hdl, arr[i])
-                out.append(HwlocDistances(
-                    name=name.decode() if name else "",
-                    kind=int(d.kind),
-                    nodes=tuple(o.os_index for o in objs),
-                    matrix=tuple(tuple(flat[r * n:(r + 1) * n]) for r in range(n)),
-                ))
+                label = name.decode() if name else ""
+                matrix = tuple(tuple(flat[r * n:(r + 1) * n]) for r in range(n))
+                if all(o.type == t_numa for o in objs):
+                    out.append(HwlocDistances(name=label, kind=int(d.kind),
+                                              nodes=tuple(o.os_index for o in objs), matrix=matrix))
+                else:
+                    others.append(HwlocObjectDistances(label, tuple(self._label(o) for o in objs), matrix))
         finally:
             for i in range(min(nr.value, len(arr))):
                 lib.hwloc_distances_release(hdl, arr[i])
-        return tuple(out)
+        return tuple(out), tuple(others)
+
+    def _label(self, obj: Any) -> str:
+        api = self.api
+        if obj.type == api.t_osdev and obj.name:
+            return str(obj.name.decode(errors="replace"))
+        if obj.type == api.t_pci:
+            domain, bus, dev, func = self._pcidev(obj, api.pci_unpack)[:4]
+            return f"{api.type_name(obj.type)}@{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"
+        index = obj.os_index if obj.os_index != _UNKNOWN_INDEX else obj.logical_index
+        return f"{api.type_name(obj.type)}#{index}"
 
     def memattrs(self, n_nodes: int) -> tuple[HwlocMemattrValue, ...]:
         api, lib, hdl = self.api, self.lib, self.hdl
@@ -517,32 +530,15 @@ class _Extractor:
         return by_pci, other
 
     def pci(self, by_pci: Mapping[int, list[HwlocOsDevice]]) -> tuple[HwlocPci, ...]:
-        io_types = self.api.io_types
-        localities: dict[int, tuple[Ids, Ids]] = {}
         out: list[HwlocPci] = []
         unpack = self.api.pci_unpack
+        # Keyed by the parent's gp_index: siblings under one switch share one walk up the tree.
+        above: dict[int, tuple[Ids, Ids, tuple[str, ...]]] = {}
         for obj in self.level(_DEPTH_PCI):
-            if unpack is not None:
-                # The pcidev member sits at offset 0 of the hwloc_obj_attr_u union.
-                (domain, bus, dev, func, prog_if, class_id, vendor, device, subvendor, subdevice,
-                 linkspeed) = unpack.unpack_from(bytes(obj.attr.contents))
-            else:
-                a = obj.attr.contents.pcidev
-                (domain, bus, dev, func, prog_if, class_id, vendor, device, subvendor, subdevice,
-                 linkspeed) = (getattr(a, n) for n in _PCI_FIELDS)
+            domain, bus, dev, func, prog_if, class_id, vendor, device, subvendor, subdevice, linkspeed = (
+                self._pcidev(obj, unpack))
             parent = obj.parent
-            locality: tuple[Ids, Ids] = ((), ())
-            while parent:
-                p = parent.contents
-                if p.type not in io_types:
-                    key = p.gp_index
-                    found = localities.get(key)
-                    if found is None:
-                        found = (self.ids(p.cpuset), self.ids(p.nodeset))
-                        localities[key] = found
-                    locality = found
-                    break
-                parent = p.parent
+            cpuset, nodeset, upstream = self._above(parent.contents, above) if parent else ((), (), ())
             subtype = obj.subtype
             out.append(HwlocPci(
                 bdf=f"{domain:04x}:{bus:02x}:{dev:02x}.{func:x}",
@@ -553,12 +549,44 @@ class _Extractor:
                 class_code=(class_id << 8) | prog_if,
                 # The attribute is a C float: round away its binary noise (8.0, 0.25, 15.754).
                 link_speed_gbps=round(float(linkspeed), 4),
-                cpuset=locality[0],
-                nodeset=locality[1],
+                cpuset=cpuset,
+                nodeset=nodeset,
                 os_devices=tuple(by_pci.get(obj.gp_index, ())),
                 subtype=subtype.decode(errors="replace") if subtype else "",
+                upstream=upstream,
             ))
         return tuple(out)
+
+    @staticmethod
+    def _pcidev(obj: Any, unpack: struct.Struct | None) -> tuple[Any, ...]:
+        """The pcidev attributes; a bridge's upstream PCI side has the same layout at offset 0."""
+        if unpack is not None:
+            return unpack.unpack_from(bytes(obj.attr.contents))
+        a = obj.attr.contents.pcidev
+        return tuple(getattr(a, n) for n in _PCI_FIELDS)
+
+    def _above(self, p: Any, cache: dict[int, tuple[Ids, Ids, tuple[str, ...]]]
+               ) -> tuple[Ids, Ids, tuple[str, ...]]:
+        """Locality (cpuset, nodeset of the first non-I/O ancestor) and the bridge path down to here."""
+        key = p.gp_index
+        found = cache.get(key)
+        if found is not None:
+            return found
+        if p.type not in self.api.io_types:
+            found = (self.ids(p.cpuset), self.ids(p.nodeset), ())
+        else:
+            grand = p.parent
+            cpuset, nodeset, upstream = self._above(grand.contents, cache) if grand else ((), (), ())
+            if p.type == self.api.t_bridge:
+                if p.attr.contents.bridge.upstream_type == _BRIDGE_TYPE_HOST:
+                    name = f"hostbridge#{p.gp_index}"
+                else:
+                    domain, bus, dev, func = self._pcidev(p, self.api.pci_unpack)[:4]
+                    name = f"{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"
+                upstream = (*upstream, name)
+            found = (cpuset, nodeset, upstream)
+        cache[key] = found
+        return found
 
 
 def _extract(api: _Api, hdl: ctypes.c_void_p, version: str, status: StatusBuilder) -> HwlocPart:
@@ -575,10 +603,10 @@ def _extract(api: _Api, hdl: ctypes.c_void_p, version: str, status: StatusBuilde
             return empty
 
     no_devices: tuple[dict[int, list[HwlocOsDevice]], list[HwlocOsDevice]] = ({}, [])
-    no_distances: tuple[HwlocDistances, ...] = ()
+    no_distances: tuple[tuple[HwlocDistances, ...], tuple[HwlocObjectDistances, ...]] = ((), ())
     no_memattrs: tuple[HwlocMemattrValue, ...] = ()
     no_pci: tuple[HwlocPci, ...] = ()
-    distances = section("distances", ex.distances, no_distances)
+    distances, object_distances = section("distances", ex.distances, no_distances)
     memattrs = section("memattrs", lambda: ex.memattrs(len(nodes)), no_memattrs)
     by_pci, other = section("os devices", ex.os_devices, no_devices)
     pci = section("pci", lambda: ex.pci(by_pci), no_pci)
@@ -600,6 +628,7 @@ def _extract(api: _Api, hdl: ctypes.c_void_p, version: str, status: StatusBuilde
         other_os_devices=tuple(other),
         memory_tiers_nr=tiers_nr,
         info=info,
+        object_distances=object_distances,
     )
 
 

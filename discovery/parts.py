@@ -179,6 +179,9 @@ class PciInfo:
     mdevs: tuple[MdevInfo, ...] = ()
     os_devices: tuple[str, ...] = ()
     numa_node_inherited: bool = False
+    # The path down from the root complex: ("pci0000:00", "0000:00:01.0", …), the device excluded.
+    # Bridges in it are what `nvidia-smi topo -m` counts for PIX / PXB / PHB.
+    upstream: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,17 @@ class HwlocDistances:
 
 
 @dataclass(frozen=True)
+class HwlocObjectDistances:
+    """A matrix over objects other than NUMA nodes (NVLinkBandwidth over GPUs, NVSwitches and
+    packages). Labels: an OS device's name (``nvml3``), else ``<Type>#<os_index>`` (``Package#0``),
+    else ``<Type>@<bdf>`` for a PCI device (an NVSwitch)."""
+
+    name: str
+    labels: tuple[str, ...]
+    matrix: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class HwlocOsDevice:
     name: str
     kind: str  # gpu, coproc, memory, storage, network, openfabrics, dma, other
@@ -257,6 +271,8 @@ class HwlocPci:
     nodeset: Ids
     os_devices: tuple[HwlocOsDevice, ...]
     subtype: str = ""
+    # As PciInfo.upstream: the host bridge ("hostbridge#<gp_index>"), then PCI bridges by BDF.
+    upstream: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -281,6 +297,7 @@ class HwlocPart:
     other_os_devices: tuple[HwlocOsDevice, ...]
     memory_tiers_nr: int = 0
     info: Mapping[str, str] = field(default_factory=dict)
+    object_distances: tuple[HwlocObjectDistances, ...] = ()
 
 
 # ---- accelerators (NVML, KFD, npu-smi, xpu-smi) ----------------------------------------------------

@@ -128,6 +128,21 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
     return ProbeResult(SysPci(tuple(devices.values())), sb.finish())
 
 
+def _upstream(rd: AttrReader, base: str, bdf: str) -> tuple[str, ...]:
+    """The device link's target names the root complex and every bridge above the device."""
+    try:
+        target = rd.fs.readlink(base)
+    except HostReadError:
+        return ()  # a plain directory (some hand-made trees): no path, no PIX/PXB classes
+    parts = target.split("/")
+    try:
+        start = next(i for i, p in enumerate(parts) if p.startswith("pci"))
+    except StopIteration:
+        return ()
+    chain = parts[start:]
+    return tuple(chain[:-1]) if chain and chain[-1] == bdf else ()
+
+
 def _device(rd: AttrReader, bdf: str) -> PciInfo:
     base = f"{PCI_DEVICES}/{bdf}"
     entries = set(rd.listdir(base))
@@ -192,6 +207,7 @@ def _device(rd: AttrReader, bdf: str) -> PciInfo:
         sriov_total_vfs=dec_attr("sriov_totalvfs", 0),
         sriov_num_vfs=dec_attr("sriov_numvfs", 0),
         msi_irqs=_msi_irqs(rd, base) if "msi_irqs" in entries else (),
+        upstream=_upstream(rd, base, bdf),
         os_devices=_os_devices(rd, base, entries),
     )
 

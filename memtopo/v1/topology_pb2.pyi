@@ -521,11 +521,22 @@ class MemoryInterconnect(_message.Message):
     DISTANCE_B_TO_A_FIELD_NUMBER: _builtins.int
     A_TO_B_FIELD_NUMBER: _builtins.int
     B_TO_A_FIELD_NUMBER: _builtins.int
+    NUMA_NODE_A_FIELD_NUMBER: _builtins.int
+    NUMA_NODE_B_FIELD_NUMBER: _builtins.int
+    ACCELERATOR_FIELD_NUMBER: _builtins.int
     domain_a: _builtins.int
+    """domain_a < domain_b, except for a COHERENT_FABRIC link inside one Unified domain (the
+    superchip's CPU side to its GPU side), where both name that domain and the nodes say which side.
+    """
     domain_b: _builtins.int
     link_type: Global___MemoryLinkType.ValueType
     distance_a_to_b: _builtins.int
     distance_b_to_a: _builtins.int
+    numa_node_a: _builtins.int
+    """The NUMA node speaking for each end: the domain's first node with CPUs, else its first node."""
+    numa_node_b: _builtins.int
+    accelerator: _builtins.str
+    """For a COHERENT_FABRIC link: the accelerator (Accelerator.id) on the far side."""
     @_builtins.property
     def a_to_b(self) -> Global___LinkPerformance: ...
     @_builtins.property
@@ -540,10 +551,13 @@ class MemoryInterconnect(_message.Message):
         distance_b_to_a: _builtins.int = ...,
         a_to_b: Global___LinkPerformance | None = ...,
         b_to_a: Global___LinkPerformance | None = ...,
+        numa_node_a: _builtins.int = ...,
+        numa_node_b: _builtins.int = ...,
+        accelerator: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["a_to_b", b"a_to_b", "b_to_a", b"b_to_a"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["a_to_b", b"a_to_b", "b_to_a", b"b_to_a", "distance_a_to_b", b"distance_a_to_b", "distance_b_to_a", b"distance_b_to_a", "domain_a", b"domain_a", "domain_b", b"domain_b", "link_type", b"link_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["a_to_b", b"a_to_b", "accelerator", b"accelerator", "b_to_a", b"b_to_a", "distance_a_to_b", b"distance_a_to_b", "distance_b_to_a", b"distance_b_to_a", "domain_a", b"domain_a", "domain_b", b"domain_b", "link_type", b"link_type", "numa_node_a", b"numa_node_a", "numa_node_b", b"numa_node_b"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,330 @@
+"""Accelerators for the assembler: vendor records first, then the PCI/hwloc view as the fallback.
+
+Every GPU, NPU and XPU on the PCI bus is reported. A vendor source (NVML, KFD, npu-smi, xpu-smi)
+that knows the device supplies its name, memory, health and links; a device no vendor source
+claims (driver missing, tool failing) still appears from the PCI view with its sysfs NUMA node and,
+where hwloc saw an OS device for it, hwloc's model and UUID (seed 002's fallback). NUMA node −1
+stays −1 ("no affinity"); nothing is guessed.
+
+Pairs of accelerators get a link class in `nvidia-smi topo -m` words: the vendor's own (NV#, HCCS,
+XGMI …) where it reports one, else the PCIe path class from the bridge tree: PIX (one switch
+between them), PXB (several switches, same root port), PHB (through the host bridge), NODE
+(different host bridges, same NUMA node), SYS (across the inter-socket link).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from discovery.parts import AccelDevice, AcceleratorPart, HwlocPart, HwlocPci, Ids, PciInfo, SysPci
+from discovery.pci_ids import classify
+from memtopo.v1 import topology_pb2 as pb
+
+_KIND = {"GPU": pb.ACCELERATOR_KIND_GPU, "NPU": pb.ACCELERATOR_KIND_NPU, "XPU": pb.ACCELERATOR_KIND_XPU}
+# PCI classifications that are accelerators, and the kind each is reported as.
+_PCI_ACCEL = {"gpu": "GPU", "npu": "NPU", "xpu": "XPU", "accelerator": "ACC"}
+_VENDOR_NAME = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x19E5: "Huawei", 0x1D22: "Kunlunxin", 0x8086: "Intel",
+                0x1BCF: "NEC"}
+# What each vendor source's groups mean.
+GROUP_KIND = {"npu-smi": "hccs-ring", "xpu-smi": "numa-half", "nvml": "nvlink-island", "amd.kfd": "xgmi-hive"}
+# hwloc OS device names that carry a vendor index: nvml3, cuda3, rsmi3, ve3, opencl0d3 (platform 0).
+_OSDEV_INDEX = re.compile(r"^(?:nvml|cuda|rsmi|ve|opencl\d+d)(\d+)$")
+# hwloc info keys with a model name or a UUID, by preference.
+_MODEL_KEYS = ("GPUModel", "AMDProductName", "CoProcModel", "VectorEngineModel", "Model")
+_UUID_KEYS = ("NVIDIAUUID", "AMDUUID", "AMDSerialNumber", "VectorEngineSerialNumber", "UUID")
+
+
+@dataclass
+class Record:
+    """One accelerator while assembling; becomes an ``Accelerator`` message."""
+
+    kind: str
+    vendor: str
+    index: int
+    source: str
+    model: str = ""
+    uuid: str = ""
+    bdf: str = ""
+    memory_bytes: int = 0
+    health: str = ""
+    numa_node: int = -1
+    local_cpus: Ids = ()
+    memory_numa_nodes: Ids = ()
+    unified: bool = False
+    attributes: dict[str, str] = field(default_factory=dict)
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class PciView:
+    """What the accelerator code needs of a PCI function, from sysfs or (XML input) hwloc."""
+
+    bdf: str
+    vendor_id: int
+    device_id: int
+    class_code: int
+    numa_node: int
+    local_cpus: Ids
+    upstream: tuple[str, ...]
+    os_devices: tuple[tuple[str, Mapping[str, str]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Link:
+    a: str
+    b: str
+    kind: str
+    count: int = 0
+    bandwidth_mbps: int = 0
+    source: str = "pci"
+
+
+@dataclass(frozen=True)
+class Accelerators:
+    records: tuple[Record, ...]
+    links: tuple[Link, ...]
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+    # Node sets that each form one Unified domain (superchip CPU node + its GPU memory nodes).
+    unified_groups: tuple[Ids, ...]
+
+
+def hwloc_pci_node(h: HwlocPci, cpu_nodes: set[int]) -> int:
+    """An hwloc-only PCI device's NUMA node: its locality's CPU node when it names exactly one."""
+    local = [n for n in h.nodeset if n in cpu_nodes]
+    return local[0] if len(local) == 1 else -1
+
+
+def pci_views(pci: SysPci | None, hw: HwlocPart | None, cpu_nodes: set[int]) -> dict[str, PciView]:
+    hw_by_bdf = {p.bdf: p for p in hw.pci} if hw else {}
+    views: dict[str, PciView] = {}
+    for dev in pci.devices if pci else ():
+        h = hw_by_bdf.get(dev.bdf)
+        views[dev.bdf] = _view_sysfs(dev, h)
+    for bdf, h in hw_by_bdf.items():
+        if bdf not in views:
+            views[bdf] = PciView(bdf, h.vendor_id, h.device_id, h.class_code, hwloc_pci_node(h, cpu_nodes),
+                                 h.cpuset, h.upstream, tuple((o.name, o.info) for o in h.os_devices))
+    return views
+
+
+def _view_sysfs(dev: PciInfo, h: HwlocPci | None) -> PciView:
+    osdevs = tuple((o.name, o.info) for o in h.os_devices) if h else ()
+    return PciView(dev.bdf, dev.vendor_id, dev.device_id, dev.class_code, dev.numa_node, dev.local_cpus,
+                   dev.upstream or (h.upstream if h else ()), osdevs)
+
+
+def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], hw: HwlocPart | None,
+          node_memory: Mapping[int, int]) -> Accelerators:
+    records: list[Record] = []
+    claimed: set[str] = set()
+    per_source: dict[str, dict[int, Record]] = {}
+    for source in sorted(vendor):
+        for dev in vendor[source].devices:
+            rec = _from_vendor(source, dev, views)
+            records.append(rec)
+            per_source.setdefault(source, {})[dev.index] = rec
+            if rec.bdf:
+                claimed.add(rec.bdf)
+    gpu_memory = _hwloc_gpu_memory_nodes(hw)
+    for view in sorted(views.values(), key=lambda v: _bdf_key(v.bdf)):
+        if view.bdf in claimed:
+            continue
+        kind = _PCI_ACCEL.get(classify(view.vendor_id, view.device_id, view.class_code))
+        if kind is None:
+            continue
+        records.append(_from_pci(kind, view, gpu_memory.get(view.bdf, ())))
+    _assign_ids(records)
+    for rec in records:
+        if not rec.memory_numa_nodes and rec.bdf in gpu_memory:
+            rec.memory_numa_nodes = gpu_memory[rec.bdf]
+
+    links = _vendor_links(vendor, per_source)
+    links += _hwloc_nvlinks(hw, records, {lk_pair(lk) for lk in links})
+    links += _pci_links(records, views, {lk_pair(lk) for lk in links})
+    groups = tuple(
+        (GROUP_KIND.get(source, "vendor-group"), tuple(per_source[source][i].id for i in g if i in per_source[source]))
+        for source in sorted(vendor) for g in vendor[source].groups)
+    unified = _unified_groups(records, node_memory)
+    return Accelerators(tuple(records), tuple(sorted(links, key=lk_pair)), groups, unified)
+
+
+def lk_pair(link: Link) -> tuple[str, str]:
+    return link.a, link.b
+
+
+def _from_vendor(source: str, dev: AccelDevice, views: Mapping[str, PciView]) -> Record:
+    view = views.get(dev.bdf) if dev.bdf else None
+    # The kernel's numa_node is authoritative for a PCI function; the tool's word fills in when the
+    # device is not on the PCI view (or the kernel says -1 and the tool knows better).
+    numa = view.numa_node if view is not None and view.numa_node >= 0 else (
+        dev.numa_node if dev.numa_node is not None else -1)
+    local = dev.local_cpus or (view.local_cpus if view is not None else ())
+    return Record(kind=dev.kind, vendor=dev.vendor, index=dev.index, source=source, model=dev.model,
+                  uuid=dev.uuid, bdf=dev.bdf, memory_bytes=dev.memory_bytes, health=dev.health,
+                  numa_node=numa, local_cpus=local, memory_numa_nodes=dev.memory_numa_nodes,
+                  unified=dev.unified_memory, attributes=dict(dev.attributes))
+
+
+def _from_pci(kind: str, view: PciView, memory_nodes: Ids) -> Record:
+    model = uuid = ""
+    index = -1
+    source = "pci"
+    for name, info in view.os_devices:
+        m = _OSDEV_INDEX.match(name)
+        if m and index < 0:
+            index = int(m.group(1))
+        model = model or next((info[k] for k in _MODEL_KEYS if info.get(k)), "")
+        uuid = uuid or next((info[k] for k in _UUID_KEYS if info.get(k)), "")
+        if model or uuid:
+            source = "hwloc"
+    return Record(kind=kind, vendor=_VENDOR_NAME.get(view.vendor_id, f"0x{view.vendor_id:04x}"), index=index,
+                  source=source, model=model, uuid=uuid, bdf=view.bdf, numa_node=view.numa_node,
+                  local_cpus=view.local_cpus, memory_numa_nodes=memory_nodes)
+
+
+def _assign_ids(records: list[Record]) -> None:
+    """``<KIND><index>``; PCI-only devices without an index are numbered after the known ones, in
+    BDF order. Two vendors with the same index (an NVIDIA and an AMD GPU0) are told apart by vendor."""
+    used: dict[str, set[int]] = {}
+    for rec in records:
+        if rec.index >= 0:
+            used.setdefault(rec.kind, set()).add(rec.index)
+    for rec in records:
+        if rec.index < 0:
+            taken = used.setdefault(rec.kind, set())
+            rec.index = next(i for i in range(len(taken) + 1) if i not in taken)
+            taken.add(rec.index)
+    seen: set[str] = set()
+    for rec in records:
+        rec.id = f"{rec.kind}{rec.index}"
+        if rec.id in seen:
+            rec.id = f"{rec.kind}{rec.index}-{rec.vendor.lower()}"
+        seen.add(rec.id)
+
+
+def _hwloc_gpu_memory_nodes(hw: HwlocPart | None) -> dict[str, Ids]:
+    """GPUMemory NUMA nodes name their GPU in info PCIBusID (POWER9 + V100, GH200)."""
+    out: dict[str, list[int]] = {}
+    for node in hw.nodes if hw else ():
+        bdf = node.info.get("PCIBusID", "").lower()
+        if node.subtype == "GPUMemory" and bdf:
+            out.setdefault(bdf, []).append(node.os_index)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def _vendor_links(vendor: Mapping[str, AcceleratorPart], per_source: Mapping[str, Mapping[int, Record]]
+                  ) -> list[Link]:
+    out: dict[tuple[str, str], Link] = {}
+    for source in sorted(vendor):
+        recs = per_source.get(source, {})
+        for lk in vendor[source].links:
+            ra, rb = recs.get(lk.a), recs.get(lk.b)
+            if ra is None or rb is None or ra is rb:
+                continue
+            a, b = sorted((ra.id, rb.id))
+            out.setdefault((a, b), Link(a, b, lk.kind, lk.count, lk.bandwidth_mbps, source))
+    return list(out.values())
+
+
+def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tuple[str, str]]) -> list[Link]:
+    """NVLink from hwloc's NVLinkBandwidth matrix (its NVML backend, or an XML export): a direct
+    GPU pair, or two GPUs on one NVSwitch fabric. The count is the number of NVSwitch ports a GPU
+    uses (DGX-2: 6 → NV6, as nvidia-smi prints); for direct links only the bandwidth is known."""
+    if hw is None:
+        return []
+    by_osdev: dict[str, Record] = {}
+    views_bdf = {r.bdf: r for r in records if r.bdf}
+    for p in hw.pci:
+        for o in p.os_devices:
+            rec = views_bdf.get(p.bdf)
+            if rec is not None:
+                by_osdev[o.name] = rec
+    out: list[Link] = []
+    for dist in hw.object_distances:
+        if dist.name != "NVLinkBandwidth":
+            continue
+        labels = dist.labels
+        gpus = [i for i, lbl in enumerate(labels) if lbl in by_osdev]
+        switches = [i for i, lbl in enumerate(labels) if lbl.startswith("PCIDev@")]
+        ports = {i: sum(1 for s in switches if dist.matrix[i][s] > 0) for i in gpus}
+        fabric_bw = {i: sum(dist.matrix[i][s] for s in switches) for i in gpus}
+        for x, i in enumerate(gpus):
+            for j in gpus[x + 1:]:
+                ra, rb = by_osdev[labels[i]], by_osdev[labels[j]]
+                a, b = sorted((ra.id, rb.id))
+                if (a, b) in have:
+                    continue
+                direct = dist.matrix[i][j]
+                if direct > 0:
+                    out.append(Link(a, b, "NV", 0, int(direct), "hwloc"))
+                elif ports[i] and ports[j]:
+                    out.append(Link(a, b, "NV", min(ports[i], ports[j]), int(min(fabric_bw[i], fabric_bw[j])),
+                                    "hwloc"))
+                else:
+                    continue
+                have.add((a, b))
+    return out
+
+
+def _pci_links(records: Sequence[Record], views: Mapping[str, PciView], have: set[tuple[str, str]]) -> list[Link]:
+    out: list[Link] = []
+    located = [r for r in records if r.bdf]
+    for x, ra in enumerate(located):
+        for rb in located[x + 1:]:
+            a, b = sorted((ra.id, rb.id))
+            if (a, b) in have or ra.bdf == rb.bdf:
+                continue
+            va, vb = views.get(ra.bdf), views.get(rb.bdf)
+            ua = va.upstream if va else ()
+            ub = vb.upstream if vb else ()
+            out.append(Link(a, b, path_class(ua, ub, ra.numa_node, rb.numa_node)))
+    return out
+
+
+def path_class(up_a: Sequence[str], up_b: Sequence[str], node_a: int, node_b: int) -> str:
+    """`nvidia-smi topo -m`'s PCIe classes from two devices' upstream paths (root complex first)."""
+    same_node = node_a >= 0 and node_a == node_b
+    if not up_a or not up_b or up_a[0] != up_b[0]:
+        return "NODE" if same_node else "SYS"
+    common = 0
+    for x, y in zip(up_a, up_b, strict=False):
+        if x != y:
+            break
+        common += 1
+    if common <= 1:
+        return "PHB"
+    # Below the shared bridge each device hangs off at most its own downstream port: one switch.
+    if len(up_a) - common <= 1 and len(up_b) - common <= 1:
+        return "PIX"
+    return "PXB"
+
+
+def _unified_groups(records: Iterable[Record], node_memory: Mapping[int, int]) -> tuple[Ids, ...]:
+    """Each unified-memory device's CPU node and its memory nodes (those that hold memory: MIG
+    placeholder nodes are empty and stay out). Overlapping sets merge."""
+    groups: list[set[int]] = []
+    for rec in records:
+        if not rec.unified:
+            continue
+        nodes = {n for n in rec.memory_numa_nodes if node_memory.get(n, 0) > 0}
+        if rec.numa_node >= 0:
+            nodes.add(rec.numa_node)
+        if not nodes:
+            continue
+        merged = [g for g in groups if g & nodes]
+        for g in merged:
+            nodes |= g
+            groups.remove(g)
+        groups.append(nodes)
+    return tuple(sorted(tuple(sorted(g)) for g in groups))
+
+
+def _bdf_key(bdf: str) -> tuple[int, ...]:
+    try:
+        dom, bus, devfn = bdf.split(":")
+        dev, fn = devfn.split(".")
+        return int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+    except ValueError:
+        return (1 << 32,)
