@@ -10,7 +10,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from agent.render import render
+from agent.render import render, render_links
 from discovery.capture import CaptureError, gather, open_root
 from discovery.discover import discover
 from discovery.source import ProbeContext
@@ -45,7 +45,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
         topo = discover(ctx)
     if args.root:
         topo.source_root = args.root  # the temporary extraction path means nothing to the reader
-    sys.stdout.write(to_json(topo) + "\n" if args.format == "json" else render(topo))
+    if args.links:
+        sys.stdout.write(render_links(topo))
+    else:
+        sys.stdout.write(to_json(topo) + "\n" if args.format == "json" else render(topo))
     return 0
 
 
@@ -65,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--root", help="read a captured root: a directory or a .tar.* archive")
     src.add_argument("--hwloc-xml", help="read an hwloc XML export instead of a filesystem root")
     topo.add_argument("--format", choices=("text", "json"), default="text")
+    topo.add_argument("--links", action="store_true",
+                      help="print the accelerator link matrix (nvidia-smi topo -m vocabulary)")
     topo.set_defaults(func=cmd_topo)
 
     g = sub.add_parser("gather", help="capture this host's /sys and /proc topology files into a tarball")

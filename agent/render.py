@@ -138,9 +138,67 @@ def render(topo: pb.MemoryTopology) -> str:
             out += _table(["BDF", "KIND", "ID", "DRIVER", "OS-DEVICES", "LOCAL-CPUS", "LINK", "SR-IOV", "MSI"],
                           rows, indent="    ")
 
+    out += _accelerators(topo)
+
     out += ["", "Sources"]
     for s in topo.sources:
         state = _enum(pb.SourceState, s.state, "SOURCE_STATE_")
         out.append(f"  {s.source:<20} {state:<12} {s.duration_seconds * 1000:6.1f} ms")
         out += [f"      {r}" for r in s.reasons]
     return "\n".join(out) + "\n"
+
+
+def _accelerators(topo: pb.MemoryTopology) -> list[str]:
+    if not topo.accelerators:
+        return []
+    out = ["", "Accelerators"]
+    rows = []
+    for a in topo.accelerators:
+        memory = human_bytes(a.memory_bytes) if a.memory_bytes else "-"
+        if a.memory_numa_nodes:
+            memory += f" (nodes {_ids(a.memory_numa_nodes)})"
+        model = a.model if a.model.lower().startswith(a.vendor.lower()) else f"{a.vendor} {a.model}".strip()
+        rows.append([a.id, model, a.uuid or "-", a.bdf or "-", memory, a.health or "-",
+                     str(a.numa_node) if a.numa_node >= 0 else "none", _ids(a.local_cpus),
+                     (str(a.domain) + (" unified" if a.unified_memory else "")) if a.domain >= 0 else "-",
+                     a.source])
+    out += _table(["ID", "MODEL", "UUID/SERIAL", "BDF", "MEMORY", "HEALTH", "NUMA", "CPUS", "DOMAIN", "SOURCE"],
+                  rows)
+    for g in topo.accelerator_groups:
+        out.append(f"  {g.kind}: {' '.join(g.members)}")
+    for a in topo.accelerators:
+        extra = "  ".join(f"{k}={v}" for k, v in sorted(a.attributes.items()))
+        if extra:
+            out.append(f"  {a.id}: {extra}")
+    return out
+
+
+def link_word(link: pb.AcceleratorLink) -> str:
+    """How `nvidia-smi topo -m` spells a link: NV# with a count, otherwise the kind itself."""
+    return f"{link.kind}{link.count}" if link.kind == "NV" and link.count else link.kind
+
+
+def render_links(topo: pb.MemoryTopology) -> str:
+    """The accelerator matrix in `nvidia-smi topo -m` vocabulary, with CPU and NUMA affinity columns."""
+    accels = list(topo.accelerators)
+    if not accels:
+        return "no accelerators\n"
+    words = {}
+    for link in topo.accelerator_links:
+        words[(link.a, link.b)] = words[(link.b, link.a)] = link_word(link)
+    ids = [a.id for a in accels]
+    rows = [[a.id, *("X" if a.id == b else words.get((a.id, b), "-") for b in ids),
+             _ids(a.local_cpus), str(a.numa_node) if a.numa_node >= 0 else "N/A"] for a in accels]
+    out = _table(["", *ids, "CPU Affinity", "NUMA Affinity"], rows, indent="")
+    legend = [
+        "", "Legend:",
+        "  X    = Self",
+        "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes",
+        "  NODE = Connection traversing PCIe and the interconnect between host bridges within a NUMA node",
+        "  PHB  = Connection traversing PCIe and a PCIe host bridge (typically the CPU)",
+        "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe host bridge)",
+        "  PIX  = Connection traversing at most a single PCIe bridge",
+        "  NV#  = Connection traversing a bonded set of # NVLinks (NV: count unknown)",
+        "  HCCS, SIO, XGMI … = the vendor tool's own link words",
+    ]
+    return "\n".join(out + legend) + "\n"

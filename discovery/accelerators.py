@@ -68,7 +68,8 @@ class PciView:
     numa_node: int
     local_cpus: Ids
     upstream: tuple[str, ...]
-    os_devices: tuple[tuple[str, Mapping[str, str]], ...] = ()
+    # hwloc OS devices below the function: (name, subtype, info).
+    os_devices: tuple[tuple[str, str, Mapping[str, str]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,19 +101,28 @@ def pci_views(pci: SysPci | None, hw: HwlocPart | None, cpu_nodes: set[int]) -> 
     hw_by_bdf = {p.bdf: p for p in hw.pci} if hw else {}
     views: dict[str, PciView] = {}
     for dev in pci.devices if pci else ():
-        h = hw_by_bdf.get(dev.bdf)
-        views[dev.bdf] = _view_sysfs(dev, h)
+        views[dev.bdf] = _view_sysfs(dev, hw_by_bdf.get(dev.bdf), cpu_nodes)
     for bdf, h in hw_by_bdf.items():
         if bdf not in views:
             views[bdf] = PciView(bdf, h.vendor_id, h.device_id, h.class_code, hwloc_pci_node(h, cpu_nodes),
-                                 h.cpuset, h.upstream, tuple((o.name, o.info) for o in h.os_devices))
+                                 h.cpuset, h.upstream, _osdevs(h))
     return views
 
 
-def _view_sysfs(dev: PciInfo, h: HwlocPci | None) -> PciView:
-    osdevs = tuple((o.name, o.info) for o in h.os_devices) if h else ()
-    return PciView(dev.bdf, dev.vendor_id, dev.device_id, dev.class_code, dev.numa_node, dev.local_cpus,
-                   dev.upstream or (h.upstream if h else ()), osdevs)
+def _osdevs(h: HwlocPci | None) -> tuple[tuple[str, str, Mapping[str, str]], ...]:
+    return tuple((o.name, o.subtype, o.info) for o in h.os_devices) if h else ()
+
+
+def _view_sysfs(dev: PciInfo, h: HwlocPci | None, cpu_nodes: set[int]) -> PciView:
+    """sysfs first; hwloc fills what a trimmed capture lacks. A missing numa_node file reads as -1
+    too, and then hwloc's locality (itself from the kernel's local_cpus) may still name one node."""
+    if h is None:
+        return PciView(dev.bdf, dev.vendor_id, dev.device_id, dev.class_code, dev.numa_node, dev.local_cpus,
+                       dev.upstream)
+    return PciView(dev.bdf, dev.vendor_id or h.vendor_id, dev.device_id or h.device_id,
+                   dev.class_code or h.class_code,
+                   dev.numa_node if dev.numa_node >= 0 else hwloc_pci_node(h, cpu_nodes),
+                   dev.local_cpus or h.cpuset, dev.upstream or h.upstream, _osdevs(h))
 
 
 def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], hw: HwlocPart | None,
@@ -147,6 +157,7 @@ def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], h
         (GROUP_KIND.get(source, "vendor-group"), tuple(per_source[source][i].id for i in g if i in per_source[source]))
         for source in sorted(vendor) for g in vendor[source].groups)
     unified = _unified_groups(records, node_memory)
+    records.sort(key=lambda r: (r.kind, r.index, r.id))
     return Accelerators(tuple(records), tuple(sorted(links, key=lk_pair)), groups, unified)
 
 
@@ -170,18 +181,29 @@ def _from_vendor(source: str, dev: AccelDevice, views: Mapping[str, PciView]) ->
 def _from_pci(kind: str, view: PciView, memory_nodes: Ids) -> Record:
     model = uuid = ""
     index = -1
+    memory = 0
     source = "pci"
-    for name, info in view.os_devices:
+    for name, subtype, info in view.os_devices:
         m = _OSDEV_INDEX.match(name)
         if m and index < 0:
             index = int(m.group(1))
-        model = model or next((info[k] for k in _MODEL_KEYS if info.get(k)), "")
+        found = next((info[k] for k in _MODEL_KEYS if info.get(k)), "")
+        # A bare model number (VectorEngineModel=1) means nothing without the device family.
+        model = model or (f"{subtype} {found}".strip() if found.isdigit() else found)
         uuid = uuid or next((info[k] for k in _UUID_KEYS if info.get(k)), "")
+        memory = memory or next((_kib(v) for k, v in info.items() if k.endswith("MemorySize") and _kib(v)), 0)
         if model or uuid:
             source = "hwloc"
-    return Record(kind=kind, vendor=_VENDOR_NAME.get(view.vendor_id, f"0x{view.vendor_id:04x}"), index=index,
+    vendor = _VENDOR_NAME.get(view.vendor_id, f"0x{view.vendor_id:04x}" if view.vendor_id else "")
+    return Record(kind=kind, vendor=vendor, index=index,
                   source=source, model=model, uuid=uuid, bdf=view.bdf, numa_node=view.numa_node,
-                  local_cpus=view.local_cpus, memory_numa_nodes=memory_nodes)
+                  local_cpus=view.local_cpus, memory_numa_nodes=memory_nodes, memory_bytes=memory)
+
+
+def _kib(text: str) -> int:
+    """hwloc's size infos: "50331648KiB"."""
+    digits = text.removesuffix("KiB").removesuffix("kB").strip()
+    return int(digits) * 1024 if digits.isdigit() else 0
 
 
 def _assign_ids(records: list[Record]) -> None:

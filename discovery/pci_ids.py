@@ -92,6 +92,11 @@ KNOWN_DEVICES: Mapping[tuple[int, int], str] = {
 }
 
 
+# Server management controllers put a VGA-class display on the bus (ASPEED AST2x00, Matrox G200e);
+# counting it as a GPU would give every server one phantom accelerator.
+BMC_DISPLAY_VENDORS: frozenset[int] = frozenset({0x1A03, 0x102B})
+
+
 def classify(vendor_id: int, device_id: int, class_code: int) -> str:
     """The PciDeviceKind name of a function; total: any ints in, one of :data:`KINDS` out."""
     code = class_code & 0xFFFFFF
@@ -99,6 +104,8 @@ def classify(vendor_id: int, device_id: int, class_code: int) -> str:
     known = KNOWN_DEVICES.get((vendor_id, device_id))
     if known is not None:
         return known
+    if vendor_id in BMC_DISPLAY_VENDORS and code >> 16 == 0x03:
+        return "other"
     if code == CLASS_CXL_MEMORY:
         return "cxl_memory"
     if vendor_id == VENDOR_HUAWEI and family == 0x1200:

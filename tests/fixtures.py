@@ -22,7 +22,9 @@ _CACHE = Path(os.environ.get("MEMTOPO_FIXTURE_CACHE", "/tmp/memtopo-fixture-cach
 @cache
 def extracted(tarball: Path) -> Path:
     """Extract a fixture tarball once (cached across runs under /tmp) and return its root."""
-    dest = _CACHE / tarball.name
+    # Synthesized hosts are all called root.tar.gz and get rebuilt: key by folder, size and mtime.
+    st = tarball.stat()
+    dest = _CACHE / f"{tarball.parent.name}.{tarball.name}.{st.st_size}.{st.st_mtime_ns}"
     if not dest.exists():
         # Extract beside and rename: parallel test processes must never see a half-written tree.
         _CACHE.mkdir(parents=True, exist_ok=True)

@@ -236,4 +236,8 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Through the importable module: host.py imports tests.synth, and its SynthHost must be the
+    # same class as the one load_host checks against (not __main__'s copy).
+    from tests.synth import main as _main
+
+    sys.exit(_main(sys.argv[1:]))
