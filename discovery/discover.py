@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from discovery import hwloc, identity, proc_allowed, sysfs_cxl, sysfs_numa, sysfs_pci, sysfs_tiers
+from discovery import hwloc, identity, kunlunxin, proc_allowed, sysfs_cxl, sysfs_numa, sysfs_pci, sysfs_tiers
 from discovery.assemble import Parts, assemble
 from discovery.fingerprint import fingerprint
 from discovery.parts import AcceleratorPart, HwlocPart
@@ -35,7 +35,9 @@ class _Backstop:
 
 
 # Vendor accelerator sources. Each runs its own tools concurrently (runner.run_all).
-ACCELERATOR_PROBES: tuple[tuple[str, Callable[[ProbeContext], ProbeResult[AcceleratorPart]]], ...] = ()
+ACCELERATOR_PROBES: tuple[tuple[str, Callable[[ProbeContext], ProbeResult[AcceleratorPart]]], ...] = (
+    (kunlunxin.SOURCE, kunlunxin.probe),
+)
 
 
 def collect(ctx: ProbeContext) -> Parts:

@@ -230,11 +230,14 @@ def parse_topo(text: str) -> XpuTopology:
         if len(tok) != 1 + nx + nn + len(aff_cols):
             raise XpuSmiError(f"{where}: {len(tok) - 1} cells, expected {nx + nn + len(aff_cols)}")
         row = tuple(tok[1:1 + nx])
-        if row[xpus.index(index)] != "X":
+        self_at = xpus.index(index)
+        if row[self_at] != "X":
             raise XpuSmiError(f"{where}: XPU{index} is not 'X' to itself")
+        if "X" in row[:self_at] + row[self_at + 1:]:
+            raise XpuSmiError(f"{where}: XPU{index} is 'X' (self) to another XPU")
         cells[index] = row
-        affinity[index] = _affinity(index, tok[1 + nx + nn:], aff_cols, dict(zip(nics, tok[1 + nx:1 + nx + nn],
-                                                                                  strict=True)), where)
+        nic_cells = dict(zip(nics, tok[1 + nx:1 + nx + nn], strict=True))
+        affinity[index] = _affinity(index, tok[1 + nx + nn:], aff_cols, nic_cells, where)
     missing = [i for i in xpus if i not in cells]
     if missing:
         raise XpuSmiError(f"no row for {', '.join(f'XPU{i}' for i in missing)}")

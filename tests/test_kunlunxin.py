@@ -142,6 +142,7 @@ def test_topo_without_affinity_columns_and_na() -> None:
     ("  GPU0 GPU1\nGPU0 X NV1\n", "no XPU column"),
     ("  XPU0 XPU1\nXPU0 X XL\n", "no row for XPU1"),
     ("  XPU0 XPU1\nXPU0 XL XL\nXPU1 XL X\n", "not 'X' to itself"),
+    ("  XPU0 XPU1\nXPU0 X X\nXPU1 X X\n", "'X' \\(self\\) to another"),
     ("  XPU0 XPU1\nXPU0 X\nXPU1 XL X\n", "cells"),
     ("  XPU0 XPU1\nXPU0 X XL\nXPU1 XL X\nXPU1 XL X\n", "two rows"),
     ("  XPU0 XPU1\nXPU0 X XL\nXPU2 XL X\n", "not a column"),
