@@ -44,8 +44,11 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
             used, group = _to_id(used_s, text), _to_id(group_s, text)
             if used == 0 or group == 0 or used > group:
                 raise CpuListError(f"malformed stride {chunk!r}")
+        if group == 1:
+            ids.update(range(lo, hi + 1))
+            continue
         for base in range(lo, hi + 1, group):
-            ids.update(i for i in range(base, min(base + used, hi + 1)))
+            ids.update(range(base, min(base + used, hi + 1)))
     return tuple(sorted(ids))
 
 

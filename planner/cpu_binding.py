@@ -270,7 +270,10 @@ def _extend(base: tuple[int, ...], numa: _Numa | None, allowed: frozenset[int], 
     nodes = numa.nodes(base)
     if len(nodes) != 1:
         return base
-    nxt = numa.next[nodes.pop()]
+    node = nodes.pop()
+    nxt = numa.next[node]
+    if nxt == node:  # a single node has no next one (notes §A.5.4)
+        return base
     have = set(base)
     return base + tuple(sorted(c for c in numa.cpus[nxt] if c in allowed and c not in have))
 
@@ -352,8 +355,9 @@ def fill_from_topology(obj: Any, topo: pb.MemoryTopology) -> dict[str, Any]:
 
     allowed_cpus ← topo.allowed_cpus; numa_cpus ← NUMA nodes with CPUs; from the NPU accelerators
     (by logical ``index``): topo_affinity ← local_cpus, running_npus ← those whose
-    ``attributes["processes"]`` is non-empty, total_logic_npus ← their count, device_type ←
-    ``attributes["device_type"]`` or the model (``device_type_of``) when every NPU agrees.
+    ``attributes["processes"]`` is non-empty (or ``attributes["running"] == "true"``),
+    total_logic_npus ← their count, device_type ← when every NPU agrees: the npu-smi probe's
+    ``attributes["series"]`` (which also knows two chips per card mean A3), else the model.
     """
     out = dict(as_object(obj))
     npus = sorted((a for a in topo.accelerators if a.kind == pb.ACCELERATOR_KIND_NPU), key=lambda a: a.index)
@@ -363,16 +367,31 @@ def fill_from_topology(obj: Any, topo: pb.MemoryTopology) -> dict[str, Any]:
             out[field] = value
 
     fill("allowed_cpus", format_cpulist(topo.allowed_cpus))
-    fill("numa_cpus", {str(n.id): format_cpulist(n.cpus) for n in sorted(topo.numa_nodes, key=lambda n: n.id) if n.cpus})
+    fill(
+        "numa_cpus", {str(n.id): format_cpulist(n.cpus) for n in sorted(topo.numa_nodes, key=lambda n: n.id) if n.cpus}
+    )
     if npus:
         fill("topo_affinity", {str(a.index): format_cpulist(a.local_cpus) for a in npus if a.local_cpus})
         if out.get("running_npus") is None:
-            out["running_npus"] = [a.index for a in npus if a.attributes.get("processes", "").strip()]
+            out["running_npus"] = [a.index for a in npus if _is_running(a)]
         fill("total_logic_npus", len(npus))
-        types = {device_type_of(a.attributes.get("device_type", "")) or device_type_of(a.model) for a in npus}
+        types = {_npu_type(a) for a in npus}
         if len(types) == 1:
             fill("device_type", types.pop())
     return out
+
+
+def _is_running(npu: pb.Accelerator) -> bool:
+    return bool(npu.attributes.get("processes", "").strip()) or npu.attributes.get("running") == "true"
+
+
+def _npu_type(npu: pb.Accelerator) -> str | None:
+    series = npu.attributes.get("series", "").strip()
+    if series:
+        # Series the reference has no type for (first-generation 910, 310B …) stay as named: an
+        # unknown type selects topo_affinity, as the reference does.
+        return device_type_of(series) or series.upper()
+    return device_type_of(npu.model)
 
 
 # ---- decision → plan -----------------------------------------------------------------------------
@@ -479,7 +498,9 @@ def to_binding_plan(
                 )
             )
     else:
-        notes.append(f"no IRQ binding: {req.total_npus} NPUs share the IRQ names and the NPU's IRQ numbers were not given")
+        notes.append(
+            f"no IRQ binding: {req.total_npus} NPUs share the IRQ names and the NPU's IRQ numbers were not given"
+        )
 
     main = format_cpulist(pool.main)
     desc = (
