@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from agent.render import render, render_links
 from discovery.capture import CaptureError, gather, open_root
 from discovery.discover import discover
+from discovery.record import recordings
 from discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 
@@ -54,7 +55,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 def cmd_gather(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    count = gather(out, Path(args.root))
+    root = Path(args.root)
+    # Tools and NVML answer for this host only; a gather of another root records none.
+    recorded = recordings(ProbeContext.live()) if root == Path("/") else None
+    count = gather(out, root, recorded)
     print(f"wrote {out} ({count} entries)")
     return 0
 

@@ -75,8 +75,9 @@ def render(topo: pb.MemoryTopology) -> str:
         flags = ",".join(f for f, on in (("cpu", n.has_cpu), ("mem", n.has_memory),
                                           ("normal", n.has_normal_memory), ("gi", n.generic_initiator)) if on)
         rows.append([str(n.id), state, flags or "-", _ids(n.cpus), human_bytes(n.memory_bytes),
-                     str(n.domain) if n.domain >= 0 else "-", _ids(n.initiator_nodes), _ids(n.packages)])
-    out += _table(["NODE", "STATE", "HAS", "CPUS", "MEMORY", "DOMAIN", "HMAT-INITIATORS", "PACKAGES"], rows)
+                     str(n.domain) if n.domain >= 0 else "-", _ids(n.initiator_nodes), _ids(n.packages),
+                     n.note or "-"])
+    out += _table(["NODE", "STATE", "HAS", "CPUS", "MEMORY", "DOMAIN", "HMAT-INITIATORS", "PACKAGES", "NOTE"], rows)
 
     with_rows = [n for n in topo.numa_nodes if n.distances]
     if with_rows:

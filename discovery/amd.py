@@ -10,8 +10,9 @@ What the kernel writes (``drivers/gpu/drm/amd/amdkfd/kfd_topology.c``, ``kfd_cra
   (proximity domain), not a Linux NUMA node. CPU nodes have ``simd_count 0``; a GPU (or one
   partition of one) has ``simd_count > 0``. Its PCI address is ``domain`` plus ``location_id``
   (``bus << 8 | devfn``); on a partitioned device the kernel ORs the partition's node id into
-  ``location_id`` (bits 0–2 in current kernels, bits 28–31 in 6.9-era ones), so all partitions of
-  one device share ``domain``, bus, device and ``unique_id``.
+  ``location_id`` (bits 0–2, so partition p reads as function p of the device; a since-reverted
+  change used bits 28–31), so all partitions of one device share ``domain``, bus, device and
+  ``unique_id``.
 * ``mem_banks/<i>/properties``: ``heap_type`` (0 system, 1 FB public, 2 FB private) and
   ``size_in_bytes``. Every GPU node gets one FB heap, an APU included: there it is the share of
   system RAM the GPU may allocate (the TTM limit per node), so the presence of a heap says nothing.
@@ -220,7 +221,7 @@ class Placement:
     physical_bdf: str
     partition_id: int
     partition_count: int
-    partition_bdf: str  # the address KFD (and amd-smi) give this partition
+    partition_bdf: str  # the address KFD gives this partition (function = partition id)
 
 
 def partition_layout(gpus: Sequence[KfdNode]) -> dict[int, Placement]:
@@ -363,17 +364,19 @@ def _attributes(node: KfdNode, place: Placement, facts: PciFacts, cpu_link: _Cpu
         attrs["partition_id"] = str(place.partition_id)
         attrs["partition_count"] = str(place.partition_count)
         attrs["partition_bdf"] = place.partition_bdf
-    for key in ("compute_partition", "memory_partition"):
-        if value := getattr(facts, key):
-            attrs[key] = value
-    for key in ("available_compute_partitions", "available_memory_partitions"):
-        if values := getattr(facts, key):
-            attrs[key] = ",".join(values)
+    for key, mode in (("compute_partition", facts.compute_partition), ("memory_partition", facts.memory_partition)):
+        if mode:
+            attrs[key] = mode
+    for key, modes in (("available_compute_partitions", facts.available_compute_partitions),
+                       ("available_memory_partitions", facts.available_memory_partitions)):
+        if modes:
+            attrs[key] = ",".join(modes)
     return attrs
 
 
 # ---- reading a host ------------------------------------------------------------------------------------
 def probe(ctx: ProbeContext) -> ProbeResult[AcceleratorPart]:
+    """KFD sysfs + PCI attributes (the tested path); amdsmi on top only for the live host."""
     sb = StatusBuilder(SOURCE)
     if not ctx.sysfs_available:
         sb.unavailable("input is an hwloc XML export")
@@ -438,10 +441,10 @@ def _read_node(fs: HostFS, sb: StatusBuilder, k: int) -> KfdNode | None:
     except HostReadError as exc:
         sb.problem(exc)
         gpu_id = 0
-    banks = [b for b in _parsed_children(fs, sb, f"{base}/mem_banks", parse_mem_bank)]
-    links = [*_parsed_children(fs, sb, f"{base}/io_links", parse_io_link),
-             *_parsed_children(fs, sb, f"{base}/p2p_links", parse_io_link)]
-    return dataclasses.replace(node, gpu_id=gpu_id, mem_banks=tuple(banks), links=tuple(links))
+    banks = tuple(_parsed_children(fs, sb, f"{base}/mem_banks", parse_mem_bank))
+    links = (*_parsed_children(fs, sb, f"{base}/io_links", parse_io_link),
+             *_parsed_children(fs, sb, f"{base}/p2p_links", parse_io_link))
+    return dataclasses.replace(node, gpu_id=gpu_id, mem_banks=banks, links=links)
 
 
 def _parsed[T](fs: HostFS, sb: StatusBuilder, rel: str, parse: Callable[[str], T]) -> T | None:
@@ -507,7 +510,7 @@ def read_pci_facts(fs: HostFS, bdf: str, sb: StatusBuilder) -> PciFacts:
 def _amdsmi_enrich(part: AcceleratorPart, sb: StatusBuilder) -> AcceleratorPart:
     """Fill model and partition modes that sysfs did not give, from amdsmi, matched by BDF.
 
-    amdsmi names a partition by the address KFD gives it, so partitions match ``partition_bdf``.
+    A partition is looked up by the address KFD gives it (``partition_bdf``), a whole device by its BDF.
     A missing amdsmi is the normal case (KFD alone); a failing one degrades, the KFD facts stay.
     """
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from discovery.accelerators import Accelerators, Record, hwloc_pci_node, pci_views
 from discovery.accelerators import build as build_accelerators
-from discovery.cpulist import format_cpulist
+from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
 from discovery.parts import (
     AcceleratorPart,
     Allowed,
@@ -190,8 +190,8 @@ def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
     topo.total_capacity_bytes = sum(d.capacity_bytes for d in topo.domains)
 
     _interconnects(topo, primaries, memattrs)
-    _accelerators(topo, accels, by_id)
     _numa_nodes(topo, nodes, numa, hw)
+    _accelerators(topo, accels, by_id)
     _tiers(topo, tiers, mem_nodes)
     _cxl(topo, cxl)
     _pci(topo, pci, hw, cpu_nodes, consistency)
@@ -424,6 +424,14 @@ def _interconnects(topo: pb.MemoryTopology, primaries: Sequence[_Node], memattrs
 def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[int, _Node]) -> None:
     """Each device belongs to the domain of its NUMA node (a Unified one for superchips; none for
     node -1) and is attached to that domain and to the domains holding its own memory."""
+    node_msgs = {n.id: n for n in topo.numa_nodes}
+    for rec in accels.records:
+        for n in rec.memory_numa_nodes:
+            if n in node_msgs:
+                node_msgs[n].note = f"GPU memory of {rec.id}" if rec.kind == "GPU" else f"memory of {rec.id}"
+        for n in _placeholder_nodes(rec):
+            if n in node_msgs and not node_msgs[n].note:
+                node_msgs[n].note = f"MIG placeholder of {rec.id}"
     for idx, rec in enumerate(accels.records):
         node = by_id.get(rec.numa_node)
         domain = node.domain if node is not None else -1
@@ -437,7 +445,7 @@ def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[
         for d in sorted(attached - {-1}):
             topo.domains[d].attached_accelerators.append(idx)
         if rec.unified and domain >= 0:
-            _coherent_fabric(topo, rec, domain)
+            _coherent_fabric(topo, rec, domain, by_id)
     for link in accels.links:
         topo.accelerator_links.add(a=link.a, b=link.b, kind=link.kind, count=link.count,
                                    bandwidth_mbps=link.bandwidth_mbps, source=link.source)
@@ -445,19 +453,29 @@ def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[
         topo.accelerator_groups.add(kind=kind, members=ids)
 
 
-def _coherent_fabric(topo: pb.MemoryTopology, rec: Record, domain: int) -> None:
+def _coherent_fabric(topo: pb.MemoryTopology, rec: Record, domain: int, by_id: Mapping[int, _Node]) -> None:
     """The CPU↔GPU link inside a Unified domain (seed 002: a CoherentFabric interconnect carrying the
-    C2C bandwidth). Only the vendor's figure is used; without one the link is reported with 0
-    (unknown), never a datasheet number."""
-    bw = _int_attr(rec.attributes.get("c2c_bandwidth_mbps", ""))
+    C2C bandwidth: NVML's for GH200/GB200, KFD's CPU io_link for MI300A). Only the vendor's figure
+    is used; without one the link is reported with 0 (unknown), never a datasheet number."""
+    bw = _int_attr(rec.attributes.get("c2c_bandwidth_mbps") or rec.attributes.get("cpu_link_bandwidth_mbps", ""))
     perf = pb.LinkPerformance(read_bandwidth_mbps=bw, write_bandwidth_mbps=bw,
                               source=pb.PERFORMANCE_SOURCE_VENDOR_API if bw else pb.PERFORMANCE_SOURCE_UNSPECIFIED,
                               access_class=-1)
     cpu_node = rec.numa_node
     gpu_node = next(iter(rec.memory_numa_nodes), -1)
+    cpu, gpu = by_id.get(cpu_node), by_id.get(gpu_node)
     topo.interconnects.add(domain_a=domain, domain_b=domain, link_type=pb.MEMORY_LINK_TYPE_COHERENT_FABRIC,
                            a_to_b=perf, b_to_a=perf, numa_node_a=cpu_node, numa_node_b=gpu_node,
-                           accelerator=rec.id)
+                           accelerator=rec.id,
+                           distance_a_to_b=cpu.distance_to(gpu_node) if cpu and gpu else 0,
+                           distance_b_to_a=gpu.distance_to(cpu_node) if cpu and gpu else 0)
+
+
+def _placeholder_nodes(rec: Record) -> tuple[int, ...]:
+    try:
+        return parse_cpulist(rec.attributes.get("mig_placeholder_nodes", ""))
+    except CpuListError:
+        return ()
 
 
 def _int_attr(text: str) -> int:

@@ -11,7 +11,7 @@ import io
 import os
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -80,6 +80,10 @@ GATHER_TREES = (
     "sys/kernel/mm/numa",
     "sys/kernel/mm/hugepages",
     "sys/class/kfd",
+    # /sys/class/kfd/kfd is a link into here, and the walk does not follow links.
+    "sys/devices/virtual/kfd",
+    # numa_status per GPU: which NUMA node holds a GPU's memory (GH200, POWER9).
+    "proc/driver/nvidia/gpus",
     "sys/class/net",
     "sys/class/infiniband",
     "sys/class/nvme",
@@ -109,8 +113,10 @@ GATHER_SKIP_DIRS = frozenset({"power", "statistics", "queues", "trace", "mq", "h
 MAX_GATHER_FILE = 64 * 1024
 
 
-def gather(out: Path, root: Path = Path("/")) -> int:
+def gather(out: Path, root: Path = Path("/"), recorded: Mapping[str, str] | None = None) -> int:
     """Write a capture of ``root`` to ``out`` (a .tar.gz/.tar.xz/.tar); returns the entry count.
+
+    ``recorded`` adds in-memory files (tool outputs, NVML answers: see discovery.record).
 
     Unreadable attributes are skipped: a capture is for reading back, and an attribute the host
     refuses to give (EIO, EACCES, write-only) is absent in the capture as it is to any reader.
@@ -128,6 +134,12 @@ def gather(out: Path, root: Path = Path("/")) -> int:
 
         for rel in _gather_paths(root):
             add(rel)
+        for rel, text in sorted((recorded or {}).items()):
+            data = text.encode()
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tf.addfile(info, io.BytesIO(data))
+            count += 1
     return count
 
 

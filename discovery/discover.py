@@ -9,7 +9,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from discovery import hwloc, identity, kunlunxin, proc_allowed, sysfs_cxl, sysfs_numa, sysfs_pci, sysfs_tiers
+from discovery import (
+    amd,
+    ascend,
+    hwloc,
+    identity,
+    kunlunxin,
+    nvidia,
+    proc_allowed,
+    sysfs_cxl,
+    sysfs_numa,
+    sysfs_pci,
+    sysfs_tiers,
+)
 from discovery.assemble import Parts, assemble
 from discovery.fingerprint import fingerprint
 from discovery.parts import AcceleratorPart, HwlocPart
@@ -36,7 +48,10 @@ class _Backstop:
 
 # Vendor accelerator sources. Each runs its own tools concurrently (runner.run_all).
 ACCELERATOR_PROBES: tuple[tuple[str, Callable[[ProbeContext], ProbeResult[AcceleratorPart]]], ...] = (
+    (amd.SOURCE, amd.probe),
+    (ascend.SOURCE, ascend.probe),
     (kunlunxin.SOURCE, kunlunxin.probe),
+    (nvidia.SOURCE, nvidia.probe),
 )
 
 

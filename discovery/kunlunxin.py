@@ -26,7 +26,7 @@ from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
 from discovery.pci_ids import VENDOR_KUNLUNXIN, classify
 from discovery.runner import Runner, ToolResult, run_all
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from discovery.sysfs_pci import PCI_DEVICES, parse_bdf
+from discovery.sysfs_pci import PCI_DEVICES, normalize_bdf
 
 SOURCE = "xpu-smi"
 
@@ -35,6 +35,8 @@ VENDOR = "Kunlunxin"
 # Both spellings ship: /usr/local/bin/xpu-smi on current drivers, xpu_smi in older SDKs and in the
 # vendor FAQ. The second is tried only when the first is not installed at all.
 TOOLS = ("xpu-smi", "xpu_smi")
+# What `memtopo gather` records with a capture, so `topo --root` replays this probe.
+RECORDED_COMMANDS = tuple((tool, *args) for tool in TOOLS for args in (("-L",), ("-m",), ("topo", "-m")))
 XPUCTRL = "dev/xpuctrl"
 
 MIB = 1 << 20
@@ -124,7 +126,7 @@ def parse_machine(text: str) -> tuple[XpuMachineLine, ...]:
         if len(model) < 2 or not (model.startswith('"') and model.endswith('"')):
             raise XpuSmiError(f"{where}: field {_M_MODEL} is not the quoted model: {model[:40]!r}")
         entry = XpuMachineLine(
-            bdf=normalize_bdf(tok[0]),
+            bdf=strict_bdf(tok[0]),
             index=_small_int(tok[1], f"{where}: device index"),
             index2=_small_int(tok[2], f"{where}: device index"),
             serial=tok[3],
@@ -147,13 +149,12 @@ def parse_machine(text: str) -> tuple[XpuMachineLine, ...]:
     return tuple(lines[i] for i in sorted(lines))
 
 
-def normalize_bdf(text: str) -> str:
-    """``00000000:03:00.0`` / ``0000:C1:00.0`` → ``0000:c1:00.0`` (domain at least 4 hex digits)."""
-    key = parse_bdf(text.strip().lower())
-    if key is None:
+def strict_bdf(text: str) -> str:
+    """The kernel's spelling of a BDF xpu-smi printed; garbage is a parse error here."""
+    bdf = normalize_bdf(text)
+    if bdf is None:
         raise XpuSmiError(f"not a PCI address: {text[:40]!r}")
-    dom, bus, dev, fn = key
-    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn}"
+    return bdf
 
 
 # ---- xpu-smi topo -m -------------------------------------------------------------------------------

@@ -41,6 +41,22 @@ def parse_bdf(name: str) -> tuple[int, int, int, int] | None:
     return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
 
 
+def normalize_bdf(text: str) -> str | None:
+    """A BDF as vendor tools print it → the kernel's spelling; None if it is not one.
+
+    ``00000000:C1:00.0`` (NVML, xpu-smi), ``0000:C1:00.0`` (npu-smi) and the domain-less
+    ``C1:00.0`` all become ``0000:c1:00.0``; wider domains (VMD's ``10000``) keep their digits.
+    """
+    t = text.strip().strip("\0").lower()
+    if t.count(":") == 1:
+        t = "0000:" + t
+    parsed = parse_bdf(t)
+    if parsed is None:
+        return None
+    dom, bus, dev, fn = parsed
+    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+
 def is_bdf(name: str) -> bool:
     return parse_bdf(name) is not None
 

@@ -16,7 +16,7 @@ def hccs_example_fleet(n: int, seed: int, request: int = 2) -> dict[str, Any]:
     Ids are listed ascending on most nodes (as the device plugin writes them) and shuffled on a
     quarter of them (as after allocations and releases), so the NPU choice sees both.
     """
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 -- reproducible synthetic data, not a secret
     nodes: list[dict[str, Any]] = []
     for k in range(n):
         healthy = list(range(8))
@@ -35,7 +35,7 @@ def hccs_example_fleet(n: int, seed: int, request: int = 2) -> dict[str, Any]:
 
 def xpu_example_fleet(n: int, seed: int, request: int = 2) -> dict[str, Any]:
     """``n`` Kunlunxin P800 nodes with random occupancy, half given as ``used`` and half as ``occupancy``."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 -- reproducible synthetic data, not a secret
     nodes: list[dict[str, Any]] = []
     for k in range(n):
         occupancy = rng.randrange(256)

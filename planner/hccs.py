@@ -20,7 +20,7 @@ from operator import itemgetter
 from typing import Any, Literal, NamedTuple, TypeGuard
 
 from planner.errors import PlanError
-from planner.request import as_object, get_int, get_int_list, get_list, get_str
+from planner.request import as_object, get_int, get_int_list, get_list, get_str, reject_unknown
 
 Group = Literal["A", "B", "C", "D"]
 GROUPS: tuple[Group, ...] = ("A", "B", "C", "D")
@@ -169,13 +169,15 @@ class Decision:
     pods: int
     per_pod: int
     chosen: tuple[str, ...]  # one node per pod, best first; empty when the job cannot be placed as a whole
-    # Every node with its fit: chosen first, then the other fitting nodes by rank, then the rest by
-    # name. Pairs rather than NodeResults so ranking a fleet builds no per-node objects; see ``nodes``.
-    ranking: tuple[tuple[Node, Fit], ...]
+    # Every node, chosen first, then the other fitting nodes by rank, then the rest by name; ``fits``
+    # is parallel to it. Two flat tuples rather than per-node objects keep ranking a fleet
+    # allocation-free; ``nodes`` builds the NodeResults when they are wanted.
+    ranked: tuple[Node, ...]
+    fits: tuple[Fit, ...]
 
     @property
     def nodes(self) -> tuple[NodeResult, ...]:
-        return tuple(NodeResult(node, fit, self.per_pod) for node, fit in self.ranking)
+        return tuple(NodeResult(node, fit, self.per_pod) for node, fit in zip(self.ranked, self.fits, strict=True))
 
     def to_json(self) -> dict[str, Any]:
         memo: dict[tuple[tuple[int, ...], int | None], tuple[list[int], str]] = {}
@@ -185,7 +187,9 @@ class Decision:
             "pods": self.pods,
             "npus_per_pod": self.per_pod,
             "chosen": list(self.chosen),
-            "nodes": [_node_json(self.per_pod, node, fit, memo) for node, fit in self.ranking],
+            "nodes": [
+                _node_json(self.per_pod, node, fit, memo) for node, fit in zip(self.ranked, self.fits, strict=True)
+            ],
         }
 
 
@@ -304,8 +308,14 @@ def _checked_capacity(node: Mapping[str, Any], available: tuple[int, ...]) -> in
     return capacity
 
 
+_REQUEST_KEYS = frozenset({"request", "nodes"})
+_NODE_KEYS = frozenset({"name", "available", "capacity"})
+
+
 def _parse_node(obj: Any) -> Node:
     node = obj if type(obj) is dict else as_object(obj, "node")
+    if not node.keys() <= _NODE_KEYS:  # a misspelt "capacity" would silently drop the node a band
+        reject_unknown(node, _NODE_KEYS, "node")
     name = node.get("name")
     if type(name) is not str or not name:
         name = get_str(node, "name")
@@ -322,6 +332,7 @@ def _parse_node(obj: Any) -> Node:
 def parse_request(obj: Any) -> Request:
     """``{"request": n, "nodes": [{"name", "available": [ids], "capacity"?}]}`` → Request."""
     body = as_object(obj)
+    reject_unknown(body, _REQUEST_KEYS, "request")
     n = check_request(get_int(body, "request"))
     items = get_list(body, "nodes")
     if not items:
@@ -343,9 +354,7 @@ def parse_request(obj: Any) -> Request:
 # --- ranking ----------------------------------------------------------------------------------
 
 
-_BY_SCORE = itemgetter(0)
-_BY_NAME = itemgetter(1)
-_BY_REJECTED_NAME = itemgetter(0)
+_NAME = itemgetter(0)
 
 
 def rank(req: Request) -> Decision:
@@ -355,34 +364,47 @@ def rank(req: Request) -> Decision:
     result is the same for any order of ``req.nodes``). Non-fitting nodes follow, by name.
     """
     per_pod = req.per_pod
-    fitting: list[tuple[int, str, Node, Fit]] = []
-    rejected: list[tuple[str, Node, Fit]] = []
-    # Nodes with the same list and capacity share one lookup; _fit itself is cached per free set.
-    seen: dict[tuple[tuple[int, ...], int], Fit] = {}
-    for node in req.nodes:
-        key = (node.available, node.capacity)
-        fit = seen.get(key)
+    nodes = req.nodes
+    # Nodes with the same list share one mask; nodes with the same free set and capacity share one
+    # Fit (a list slot, no key object per node: a 10,000-node fleet would otherwise feed the cyclic
+    # GC tens of thousands of tuples).
+    masks: dict[tuple[int, ...], int] = {}
+    by_capacity: list[list[Fit | None]] = [[None] * (1 << NODE_NPUS) for _ in range(NODE_NPUS + 1)]
+    fits: list[Fit] = []
+    fitting: list[int] = []
+    rejected: list[int] = []
+    for index, node in enumerate(nodes):
+        mask = masks.get(node.available)
+        if mask is None:
+            mask = masks[node.available] = _mask(node.available)
+        row = by_capacity[node.capacity]
+        fit = row[mask]
         if fit is None:
-            fit = seen[key] = _fit(per_pod, _mask(node.available), node.capacity)
-        if fit.score is None:
-            rejected.append((node.name, node, fit))
-        else:
-            fitting.append((-fit.score, node.name, node, fit))
-    # Two stable single-key sorts (name, then score) give the (score desc, name) order at half the
-    # cost of comparing tuples.
-    fitting.sort(key=_BY_NAME)
-    fitting.sort(key=_BY_SCORE)
-    rejected.sort(key=_BY_REJECTED_NAME)
+            fit = row[mask] = _fit(per_pod, mask, node.capacity)
+        fits.append(fit)
+        (rejected if fit.score is None else fitting).append(index)
+    names = list(map(_NAME, nodes))
+    neg_scores = [-(fit.score or 0) for fit in fits]
+    # Two stable single-key sorts (name, then score) give the (score desc, name) order.
+    fitting.sort(key=names.__getitem__)
+    fitting.sort(key=neg_scores.__getitem__)
+    rejected.sort(key=names.__getitem__)
     # A distributed job is a gang: placing some of its pods is no placement at all.
-    chosen = tuple(f[1] for f in fitting[: req.pods]) if len(fitting) >= req.pods else ()
-    ranking = [(f[2], f[3]) for f in fitting]
-    ranking.extend((r[1], r[2]) for r in rejected)
-    return Decision(req.request, req.pods, per_pod, chosen, tuple(ranking))
+    chosen = tuple(names[i] for i in fitting[: req.pods]) if len(fitting) >= req.pods else ()
+    order = fitting + rejected
+    return Decision(
+        req.request,
+        req.pods,
+        per_pod,
+        chosen,
+        tuple(map(nodes.__getitem__, order)),
+        tuple(map(fits.__getitem__, order)),
+    )
 
 
 def _unsatisfiable(decision: Decision) -> PlanError:
-    fitting = [node.name for node, fit in decision.ranking if fit.fits]
-    rejected = [(node, fit) for node, fit in decision.ranking if not fit.fits]
+    fitting = [fit for fit in decision.fits if fit.fits]
+    rejected = [(node, fit) for node, fit in zip(decision.ranked, decision.fits, strict=True) if not fit.fits]
     if decision.pods > 1:
         head = (
             f"{decision.request} NPUs = {decision.pods} pods of 8 need {decision.pods} nodes with all 8 NPUs "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from discovery.cpulist import CpuListError, parse_cpulist
@@ -95,7 +95,16 @@ def get_cpulist_map(obj: Mapping[str, Any], field: str) -> dict[int, tuple[int, 
     mapping = as_object(value, field)
     out: dict[int, tuple[int, ...]] = {}
     for key, cpus in mapping.items():
-        if not isinstance(key, str) or not key.isdigit():
+        # isdigit() alone lets Unicode digits ("²") through to int(), which refuses them.
+        if not isinstance(key, str) or not (key.isascii() and key.isdigit()):
             raise _bad(field, f"key {key!r} is not a non-negative integer")
         out[int(key)] = cpulist(cpus, f"{field}[{key}]")
     return out
+
+
+def reject_unknown(obj: Mapping[str, Any], allowed: Iterable[str], field: str) -> None:
+    """Refuse keys the policy does not know: a misspelt hard constraint must not be silently ignored."""
+    known = set(allowed)
+    unknown = sorted(str(k) for k in obj if k not in known)
+    if unknown:
+        raise _bad(field, f"unknown keys {unknown}; expected {sorted(known)}")

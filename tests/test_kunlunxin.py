@@ -24,11 +24,13 @@ from discovery.cpulist import parse_cpulist
 from discovery.kunlunxin import (
     AsymmetricLink,
     XpuSmiError,
-    normalize_bdf,
     numa_groups,
     parse_list,
     parse_machine,
     parse_topo,
+)
+from discovery.kunlunxin import (
+    strict_bdf as normalize_bdf,
 )
 from discovery.parts import AcceleratorPart, AccelLink
 from discovery.runner import DEFAULT_TIMEOUT_S, RecordedRunner, Runner, ToolResult

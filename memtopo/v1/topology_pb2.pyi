@@ -615,6 +615,7 @@ class NumaNode(_message.Message):
     DOMAIN_FIELD_NUMBER: _builtins.int
     INITIATOR_NODES_FIELD_NUMBER: _builtins.int
     PACKAGES_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     state: Global___NumaNodeState.ValueType
     memory_bytes: _builtins.int
@@ -624,6 +625,10 @@ class NumaNode(_message.Message):
     generic_initiator: _builtins.bool
     domain: _builtins.int
     """The domain this node's memory belongs to; -1 when it has none."""
+    note: _builtins.str
+    """What the node is for when that is not plain memory: "GPU memory of GPU0", "MIG placeholder of
+    GPU0" (the empty CPU-less nodes a GH200 driver reserves: reported, never counted as memory).
+    """
     @_builtins.property
     def cpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -656,10 +661,11 @@ class NumaNode(_message.Message):
         domain: _builtins.int = ...,
         initiator_nodes: _abc.Iterable[_builtins.int] | None = ...,
         packages: _abc.Iterable[_builtins.int] | None = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "distance_nodes", b"distance_nodes", "distances", b"distances", "domain", b"domain", "generic_initiator", b"generic_initiator", "has_cpu", b"has_cpu", "has_memory", b"has_memory", "has_normal_memory", b"has_normal_memory", "id", b"id", "initiator_nodes", b"initiator_nodes", "memory_bytes", b"memory_bytes", "packages", b"packages", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "distance_nodes", b"distance_nodes", "distances", b"distances", "domain", b"domain", "generic_initiator", b"generic_initiator", "has_cpu", b"has_cpu", "has_memory", b"has_memory", "has_normal_memory", b"has_normal_memory", "id", b"id", "initiator_nodes", b"initiator_nodes", "memory_bytes", b"memory_bytes", "note", b"note", "packages", b"packages", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
