@@ -596,7 +596,7 @@ def test_garbage_numa_status_degrades(garbage: bytes, roots: dict[str, Path], tm
 # ---- pieces -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("text", "want"), [
     ("00000009:01:00.0", "0009:01:00.0"), ("0000:C1:00.0", "0000:c1:00.0"), ("10000:00:04.0", "10000:00:04.0"),
-    ("00000000:C1:00.0\0", "0000:c1:00.0"), ("", None), ("C1:00.0", None), ("0000:c1:00.8", None),
+    ("00000000:C1:00.0\0", "0000:c1:00.0"), ("", None), ("C1:00.0", "0000:c1:00.0"), ("0000:c1:00.8", None),
 ])
 def test_normalize_bdf(text: str, want: str | None) -> None:
     assert normalize_bdf(text) == want
