@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from discovery.accelerators import pair_links
 from discovery.cpulist import format_cpulist
 from memtopo.v1 import topology_pb2 as pb
 
@@ -166,7 +167,9 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
     out += _table(["ID", "MODEL", "UUID/SERIAL", "BDF", "MEMORY", "HEALTH", "NUMA", "CPUS", "DOMAIN", "SOURCE"],
                   rows)
     for g in topo.accelerator_groups:
-        out.append(f"  {g.kind}: {' '.join(g.members)}")
+        fabric = f" (every pair {link_word(pb.AcceleratorLink(kind=g.link_kind, count=g.link_count))})" \
+            if g.link_kind else ""
+        out.append(f"  {g.kind}: {' '.join(g.members)}{fabric}")
     for a in topo.accelerators:
         extra = "  ".join(f"{k}={v}" for k, v in sorted(a.attributes.items()))
         if extra:
@@ -184,9 +187,9 @@ def render_links(topo: pb.MemoryTopology) -> str:
     accels = list(topo.accelerators)
     if not accels:
         return "no accelerators\n"
-    words = {}
-    for link in topo.accelerator_links:
-        words[(link.a, link.b)] = words[(link.b, link.a)] = link_word(link)
+    words: dict[tuple[str, str], str] = {}
+    for a, b, link in pair_links(topo):
+        words[(a, b)] = words[(b, a)] = link_word(link)
     ids = [a.id for a in accels]
     rows = [[a.id, *("X" if a.id == b else words.get((a.id, b), "-") for b in ids),
              _ids(a.local_cpus), str(a.numa_node) if a.numa_node >= 0 else "N/A"] for a in accels]

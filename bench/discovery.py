@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.fixtures import HWLOC_XML, hwloc_root  # noqa: E402
+from tests.fixtures import HWLOC_XML, extracted, hwloc_root  # noqa: E402
 
 # name -> (kind, path); "this host" reads the live root.
 ROOTS: dict[str, tuple[str, str]] = {
@@ -31,6 +31,9 @@ ROOTS: dict[str, tuple[str, str]] = {
     "192em64t-24n8c2t.xml": ("xml", "192em64t-24n8c2t.xml"),
     "nvidiaDGX2.xml": ("xml", "nvidiaDGX2.xml"),
     "32em64t-2n8c+dax+nvme+mic+dimms": ("fsroot", "32em64t-2n8c+dax+nvme+mic+dimms"),
+    # Synthesized hosts (tests/fixtures): their vendor tools and NVML replay from the capture.
+    "ascend-a3-16npu (640 CPUs)": ("synth", "ascend-a3-16npu"),
+    "gh200-quad (36 nodes)": ("synth", "gh200-quad"),
     "this host": ("live", "/"),
 }
 
@@ -85,7 +88,14 @@ def _time_pair(base: Callable[[], None], full: Callable[[], None], repeat: int) 
 
 def measure_one(name: str, repeat: int) -> dict[str, float]:
     kind, arg = ROOTS[name]
-    path = str(HWLOC_XML / arg) if kind == "xml" else str(hwloc_root(arg)) if kind == "fsroot" else "/"
+    if kind == "xml":
+        path = str(HWLOC_XML / arg)
+    elif kind == "fsroot":
+        path = str(hwloc_root(arg))
+    elif kind == "synth":
+        path, kind = str(extracted(REPO / "tests" / "fixtures" / arg / "root.tar.gz")), "fsroot"
+    else:
+        path = "/"
     base_s, full_s = _time_pair(_hwloc_load(kind, path), _discover(kind, path), repeat)
     base_min, base_med = min(base_s), statistics.median(base_s)
     full_min, full_med = min(full_s), statistics.median(full_s)

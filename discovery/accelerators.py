@@ -15,8 +15,9 @@ between them), PXB (several switches, same root port), PHB (through the host bri
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from discovery.parts import AccelDevice, AcceleratorPart, HwlocPart, HwlocPci, Ids, PciInfo, SysPci
 from discovery.pci_ids import classify
@@ -72,14 +73,31 @@ class PciView:
     os_devices: tuple[tuple[str, str, Mapping[str, str]], ...] = ()
 
 
-@dataclass(frozen=True)
-class Link:
+class Link(NamedTuple):
+    """An accelerator pair's link, ``a < b``. A tuple rather than a dataclass: a 16-GPU box has 120
+    of them per discovery, and tuples are several times cheaper to make."""
+
     a: str
     b: str
     kind: str
-    count: int = 0
+    link_count: int = 0  # not "count": that is tuple.count
     bandwidth_mbps: int = 0
     source: str = "pci"
+
+
+def _ordered(x: str, y: str) -> tuple[str, str]:
+    return (x, y) if x < y else (y, x)
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A switched fabric: every pair of ``members`` linked the same way (see AcceleratorGroup)."""
+
+    members: tuple[str, ...]
+    link_kind: str
+    link_count: int
+    bandwidth_mbps: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -87,6 +105,7 @@ class Accelerators:
     records: tuple[Record, ...]
     links: tuple[Link, ...]
     groups: tuple[tuple[str, tuple[str, ...]], ...]
+    fabrics: tuple[Fabric, ...]
     # Node sets that each form one Unified domain (superchip CPU node + its GPU memory nodes).
     unified_groups: tuple[Ids, ...]
 
@@ -151,18 +170,19 @@ def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], h
             rec.memory_numa_nodes = gpu_memory[rec.bdf]
 
     links = _vendor_links(vendor, per_source)
-    links += _hwloc_nvlinks(hw, records, {lk_pair(lk) for lk in links})
-    links += _pci_links(records, views, {lk_pair(lk) for lk in links})
+    have = {(lk.a, lk.b) for lk in links}
+    nvlinks, fabrics = _hwloc_nvlinks(hw, records, have)
+    links += nvlinks
+    have |= {(lk.a, lk.b) for lk in nvlinks}
+    for fab in fabrics:
+        have |= {(a, b) for a in fab.members for b in fab.members if a < b}
+    links += _pci_links(records, views, have)
     groups = tuple(
         (GROUP_KIND.get(source, "vendor-group"), tuple(per_source[source][i].id for i in g if i in per_source[source]))
         for source in sorted(vendor) for g in vendor[source].groups)
     unified = _unified_groups(records, node_memory)
     records.sort(key=lambda r: (r.kind, r.index, r.id))
-    return Accelerators(tuple(records), tuple(sorted(links, key=lk_pair)), groups, unified)
-
-
-def lk_pair(link: Link) -> tuple[str, str]:
-    return link.a, link.b
+    return Accelerators(tuple(records), tuple(sorted(links)), groups, tuple(fabrics), unified)
 
 
 def _from_vendor(source: str, dev: AccelDevice, views: Mapping[str, PciView]) -> Record:
@@ -245,49 +265,75 @@ def _vendor_links(vendor: Mapping[str, AcceleratorPart], per_source: Mapping[str
             ra, rb = recs.get(lk.a), recs.get(lk.b)
             if ra is None or rb is None or ra is rb:
                 continue
-            a, b = sorted((ra.id, rb.id))
+            a, b = _ordered(ra.id, rb.id)
             out.setdefault((a, b), Link(a, b, lk.kind, lk.count, lk.bandwidth_mbps, source))
     return list(out.values())
 
 
-def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tuple[str, str]]) -> list[Link]:
-    """NVLink from hwloc's NVLinkBandwidth matrix (its NVML backend, or an XML export): a direct
-    GPU pair, or two GPUs on one NVSwitch fabric. The count is the number of NVSwitch ports a GPU
-    uses (DGX-2: 6 → NV6, as nvidia-smi prints); for direct links only the bandwidth is known."""
+def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tuple[str, str]]
+                   ) -> tuple[list[Link], list[Fabric]]:
+    """NVLink from hwloc's NVLinkBandwidth matrix (its NVML backend, or an XML export): direct GPU
+    pairs as links, and GPUs on an NVSwitch fabric as fabrics, one per (ports, bandwidth) class, so
+    every pair inside reads NV<ports> as nvidia-smi prints it (DGX-2: NV6). Pairs across classes get
+    a link with the smaller figures. For direct links only the bandwidth is known, not the count."""
     if hw is None:
-        return []
+        return [], []
     by_osdev: dict[str, Record] = {}
     views_bdf = {r.bdf: r for r in records if r.bdf}
     for p in hw.pci:
-        for o in p.os_devices:
-            rec = views_bdf.get(p.bdf)
-            if rec is not None:
+        rec = views_bdf.get(p.bdf)
+        if rec is not None:
+            for o in p.os_devices:
                 by_osdev[o.name] = rec
-    out: list[Link] = []
+    links: list[Link] = []
+    fabrics: list[Fabric] = []
     for dist in hw.object_distances:
         if dist.name != "NVLinkBandwidth":
             continue
-        labels = dist.labels
+        labels, matrix = dist.labels, dist.matrix
         gpus = [i for i, lbl in enumerate(labels) if lbl in by_osdev]
         switches = [i for i, lbl in enumerate(labels) if lbl.startswith("PCIDev@")]
-        ports = {i: sum(1 for s in switches if dist.matrix[i][s] > 0) for i in gpus}
-        fabric_bw = {i: sum(dist.matrix[i][s] for s in switches) for i in gpus}
+        ids = {i: by_osdev[labels[i]].id for i in gpus}
         for x, i in enumerate(gpus):
             for j in gpus[x + 1:]:
-                ra, rb = by_osdev[labels[i]], by_osdev[labels[j]]
-                a, b = sorted((ra.id, rb.id))
-                if (a, b) in have:
-                    continue
-                direct = dist.matrix[i][j]
-                if direct > 0:
-                    out.append(Link(a, b, "NV", 0, int(direct), "hwloc"))
-                elif ports[i] and ports[j]:
-                    out.append(Link(a, b, "NV", min(ports[i], ports[j]), int(min(fabric_bw[i], fabric_bw[j])),
-                                    "hwloc"))
-                else:
-                    continue
-                have.add((a, b))
-    return out
+                if matrix[i][j] > 0:
+                    a, b = _ordered(ids[i], ids[j])
+                    if (a, b) not in have:
+                        links.append(Link(a, b, "NV", 0, int(matrix[i][j]), "hwloc"))
+        classes: dict[tuple[int, int], list[str]] = {}
+        for i in gpus:
+            ports = sum(1 for sw in switches if matrix[i][sw] > 0)
+            if ports:
+                classes.setdefault((ports, sum(matrix[i][sw] for sw in switches)), []).append(ids[i])
+        keys = sorted(classes)
+        for n, key in enumerate(keys):
+            members = tuple(sorted(classes[key]))
+            if len(members) > 1:
+                fabrics.append(Fabric(members, "NV", key[0], int(key[1]), "hwloc"))
+            for other in keys[n + 1:]:
+                for a0 in members:
+                    for b0 in classes[other]:
+                        a, b = _ordered(a0, b0)
+                        if (a, b) not in have:
+                            links.append(Link(a, b, "NV", min(key[0], other[0]), int(min(key[1], other[1])), "hwloc"))
+    return links, fabrics
+
+
+def pair_links(topo: pb.MemoryTopology) -> Iterator[tuple[str, str, pb.AcceleratorLink]]:
+    """Every accelerator pair's link(s) as ``(a, b, link)``, switched fabrics expanded: what a reader
+    of the message (the link matrix, the placement policy) means by "the link between a and b".
+    Fabric pairs come first, then accelerator_links in order; a pair may appear more than once."""
+    for g in topo.accelerator_groups:
+        if not g.link_kind:
+            continue
+        link = pb.AcceleratorLink(kind=g.link_kind, count=g.link_count, bandwidth_mbps=g.bandwidth_mbps,
+                                  source=g.source)
+        members = list(g.members)
+        for x, a in enumerate(members):
+            for b in members[x + 1:]:
+                yield a, b, link
+    for lk in topo.accelerator_links:
+        yield lk.a, lk.b, lk
 
 
 def _pci_links(records: Sequence[Record], views: Mapping[str, PciView], have: set[tuple[str, str]]) -> list[Link]:
@@ -295,7 +341,7 @@ def _pci_links(records: Sequence[Record], views: Mapping[str, PciView], have: se
     located = [r for r in records if r.bdf]
     for x, ra in enumerate(located):
         for rb in located[x + 1:]:
-            a, b = sorted((ra.id, rb.id))
+            a, b = _ordered(ra.id, rb.id)
             if (a, b) in have or ra.bdf == rb.bdf:
                 continue
             va, vb = views.get(ra.bdf), views.get(rb.bdf)

@@ -447,10 +447,13 @@ def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[
         if rec.unified and domain >= 0:
             _coherent_fabric(topo, rec, domain, by_id)
     for link in accels.links:
-        topo.accelerator_links.add(a=link.a, b=link.b, kind=link.kind, count=link.count,
+        topo.accelerator_links.add(a=link.a, b=link.b, kind=link.kind, count=link.link_count,
                                    bandwidth_mbps=link.bandwidth_mbps, source=link.source)
     for kind, ids in accels.groups:
         topo.accelerator_groups.add(kind=kind, members=ids)
+    for fab in accels.fabrics:
+        topo.accelerator_groups.add(kind="nvswitch-fabric", members=fab.members, link_kind=fab.link_kind,
+                                    link_count=fab.link_count, bandwidth_mbps=fab.bandwidth_mbps, source=fab.source)
 
 
 def _coherent_fabric(topo: pb.MemoryTopology, rec: Record, domain: int, by_id: Mapping[int, _Node]) -> None:

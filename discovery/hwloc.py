@@ -77,7 +77,6 @@ _INCLUDE_DISALLOWED = 1 << 0
 _FILTER_KEEP_ALL = 0
 
 
-_BRIDGE_TYPE_HOST = 0  # HWLOC_OBJ_BRIDGE_HOST
 _PCI_FIELDS = ("domain", "bus", "dev", "func", "prog_if", "class_id", "vendor_id", "device_id",
                "subvendor_id", "subdevice_id", "linkspeed")
 
@@ -578,12 +577,9 @@ class _Extractor:
             grand = p.parent
             cpuset, nodeset, upstream = self._above(grand.contents, cache) if grand else ((), (), ())
             if p.type == self.api.t_bridge:
-                if p.attr.contents.bridge.upstream_type == _BRIDGE_TYPE_HOST:
-                    name = f"hostbridge#{p.gp_index}"
-                else:
-                    domain, bus, dev, func = self._pcidev(p, self.api.pci_unpack)[:4]
-                    name = f"{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"
-                upstream = (*upstream, name)
+                # Only identity matters for path classes (a shared prefix), so a bridge is named by
+                # its gp_index: reading every bridge's PCI address cost more than the rest of this.
+                upstream = (*upstream, f"bridge#{p.gp_index}")
             found = (cpuset, nodeset, upstream)
         cache[key] = found
         return found

@@ -271,7 +271,7 @@ class HwlocPci:
     nodeset: Ids
     os_devices: tuple[HwlocOsDevice, ...]
     subtype: str = ""
-    # As PciInfo.upstream: the host bridge ("hostbridge#<gp_index>"), then PCI bridges by BDF.
+    # As PciInfo.upstream, but bridges are named "bridge#<hwloc gp_index>" (host bridge first).
     upstream: tuple[str, ...] = ()
 
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from discovery.accelerators import pair_links
 from discovery.cpulist import format_cpulist
 from memtopo.v1 import topology_pb2 as pb
 from planner.errors import PlanError
@@ -221,8 +222,8 @@ def _view(topo: pb.MemoryTopology, name: str) -> _Node:
         )
 
     pair_class: dict[frozenset[str], str] = {}
-    for link in topo.accelerator_links:
-        key, cls = frozenset((link.a, link.b)), _pair_class(link.kind)
+    for a, b, link in pair_links(topo):
+        key, cls = frozenset((a, b)), _pair_class(link.kind)
         if key not in pair_class or _PAIR_SCORE[cls] > _PAIR_SCORE[pair_class[key]]:
             pair_class[key] = cls
 

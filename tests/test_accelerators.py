@@ -3,13 +3,12 @@ captured machines: the facts asserted are INDEX.md's (../shared/fixtures/hwloc/I
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from agent.render import render_links
-from discovery.accelerators import path_class
+from agent.render import link_word, render_links
+from discovery.accelerators import pair_links, path_class
 from discovery.discover import discover
 from discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
@@ -41,10 +40,17 @@ def test_dgx2_sixteen_gpus_by_numa_node_with_uuids_and_nvswitch_fabric() -> None
         assert a.numa_node == (0 if bdf in node0 else 1)
         assert a.domain == a.numa_node  # the Dram domain of its node
     assert len({a.uuid for a in topo.accelerators}) == 16
-    # NVSwitch fabric: every GPU pair is reachable over 6 switch ports (nvidia-smi prints NV6).
-    assert len(topo.accelerator_links) == 16 * 15 // 2
-    assert Counter((lk.kind, lk.count, lk.bandwidth_mbps) for lk in topo.accelerator_links) == {
-        ("NV", 6, 150000): 120}
+    # NVSwitch fabric: every GPU uses 6 switch ports, so every pair reads NV6 (as nvidia-smi prints),
+    # carried by one group instead of 120 pair links.
+    assert list(topo.accelerator_links) == []
+    (fabric,) = [g for g in topo.accelerator_groups if g.link_kind]
+    assert (fabric.kind, fabric.link_kind, fabric.link_count, fabric.bandwidth_mbps) == (
+        "nvswitch-fabric", "NV", 6, 6 * 25000)
+    assert sorted(fabric.members) == sorted(f"GPU{i}" for i in range(16))
+    pairs = list(pair_links(topo))
+    assert len(pairs) == 16 * 15 // 2 and {link_word(lk) for _, _, lk in pairs} == {"NV6"}
+    matrix = render_links(topo).splitlines()
+    assert matrix[1].split()[:4] == ["GPU0", "X", "NV6", "NV6"]
     assert list(topo.domains[0].attached_accelerators) == list(range(8))
 
 

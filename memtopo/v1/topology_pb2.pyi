@@ -1225,8 +1225,20 @@ class AcceleratorGroup(_message.Message):
 
     KIND_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
+    LINK_KIND_FIELD_NUMBER: _builtins.int
+    LINK_COUNT_FIELD_NUMBER: _builtins.int
+    BANDWIDTH_MBPS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """"hccs-ring", "numa-half", "nvlink-island" …"""
+    """"hccs-ring", "numa-half", "nvlink-island", "nvswitch-fabric" …"""
+    link_kind: _builtins.str
+    """Set for a switched fabric: every pair of members is linked this way (NV + link_count = NV6 on
+    a DGX-2) and those pairs are not repeated in accelerator_links, which would otherwise grow with
+    the square of the GPU count (2556 pairs on an NVL72 tray).
+    """
+    link_count: _builtins.int
+    bandwidth_mbps: _builtins.int
+    source: _builtins.str
     @_builtins.property
     def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -1234,10 +1246,14 @@ class AcceleratorGroup(_message.Message):
         *,
         kind: _builtins.str = ...,
         members: _abc.Iterable[_builtins.str] | None = ...,
+        link_kind: _builtins.str = ...,
+        link_count: _builtins.int = ...,
+        bandwidth_mbps: _builtins.int = ...,
+        source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "members", b"members"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bandwidth_mbps", b"bandwidth_mbps", "kind", b"kind", "link_count", b"link_count", "link_kind", b"link_kind", "members", b"members", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,229 @@
+"""``memtopo apply``, ``memtopo rollback`` and ``memtopo exec``.
+
+    memtopo apply PLAN.json|- [--dry-run] [--state-dir DIR] [--format text|json]
+    memtopo rollback PLAN_ID [--state-dir DIR] [--format text|json]
+    memtopo exec [--cpus LIST] [--membind NODES | --interleave NODES|all | --preferred NODE | --localalloc]
+                 -- CMD [ARG ...]
+
+Exit status: 0 applied / unchanged / dry run / rolled back on request; 1 the plan was rejected,
+failed or rolled back because of a failure; 2 bad usage or an unusable plan file or state dir.
+
+Test hook: ``MEMTOPO_APPLY_PAUSE_AFTER=<action id>[:<seconds>]`` pauses a real apply after that
+action (printing ``memtopo: paused after <id>`` on stderr and creating the file named by
+``MEMTOPO_APPLY_PAUSE_MARKER``, if set), so a test can kill it mid-plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from apply import launch
+from apply.config import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES, ApplyConfig
+from apply.engine import Engine, Hook
+from apply.errors import ApplyError
+from apply.host import Host
+from apply.planio import load_plan, to_json
+from discovery.cpulist import CpuListError, parse_cpulist
+from discovery.discover import discover
+from discovery.source import ProbeContext
+from memtopo.v1 import plan_pb2 as planpb
+
+EXIT_OK = 0
+EXIT_NOT_APPLIED = 1
+EXIT_USAGE = 2
+
+PAUSE_ENV = "MEMTOPO_APPLY_PAUSE_AFTER"
+PAUSE_MARKER_ENV = "MEMTOPO_APPLY_PAUSE_MARKER"
+STATE_DIR_ENV = "MEMTOPO_STATE_DIR"
+
+S = planpb.ActionResult
+P = planpb.PlanResult
+
+_OK_STATES = (P.STATE_APPLIED, P.STATE_UNCHANGED, P.STATE_DRY_RUN)
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register apply, rollback and exec on the ``memtopo`` sub-command parser."""
+    ap = subparsers.add_parser("apply", help="validate a binding plan, show the diff, apply and verify it")
+    ap.add_argument("plan", help="plan file (proto3 JSON BindingPlan), or - for stdin")
+    ap.add_argument("--dry-run", action="store_true", help="show the diff only; touch nothing")
+    _common(ap)
+    ap.add_argument("--irqbalance", choices=IRQBALANCE_POLICIES, default=None,
+                    help="what to do about a running irqbalance (default: ban the plan's IRQs)")
+    ap.add_argument("--cgroup-prefix", action="append", default=None, metavar="PATH",
+                    help="cgroup path the plan may change (repeatable; default: memtopo)")
+    ap.set_defaults(func=cmd_apply)
+
+    rb = subparsers.add_parser("rollback", help="restore what an applied plan changed")
+    rb.add_argument("plan_id")
+    _common(rb)
+    rb.set_defaults(func=cmd_rollback)
+
+    ex = subparsers.add_parser("exec", help="run a command with a CPU set and a memory policy (like numactl)")
+    ex.add_argument("--cpus", help="CPU list for the command (0-3,8)")
+    pol = ex.add_mutually_exclusive_group()
+    pol.add_argument("--membind", metavar="NODES", help="bind: allocate only from these nodes")
+    pol.add_argument("--interleave", metavar="NODES", help="interleave pages over these nodes (or all)")
+    pol.add_argument("--preferred", metavar="NODE", help="prefer this node, fall back to others")
+    pol.add_argument("--localalloc", action="store_true", help="allocate on the node of the running CPU")
+    pol.add_argument("--policy", help="local | interleave=NODES | preferred=NODE | bind=NODES")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="-- CMD [ARG ...]")
+    ex.set_defaults(func=cmd_exec)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", default=None,
+                   help=f"journal and results (default: ${STATE_DIR_ENV} or {DEFAULT_STATE_DIR})")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    return str(args.state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def _pause_hook() -> Hook | None:
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
+        return None
+    aid, _, secs = spec.partition(":")
+    try:
+        seconds = float(secs) if secs else 3600.0
+    except ValueError:
+        seconds = 3600.0
+    marker = os.environ.get(PAUSE_MARKER_ENV)
+
+    def hook(event: str, action: planpb.PlanAction) -> None:
+        if event == "after_action" and action.id == aid:
+            print(f"memtopo: paused after {aid}", file=sys.stderr, flush=True)
+            if marker:
+                Path(marker).write_text(f"{os.getpid()}\n")
+            time.sleep(seconds)
+
+    return hook
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "irqbalance", None):
+        overrides["irqbalance"] = args.irqbalance
+    if getattr(args, "cgroup_prefix", None):
+        overrides["cgroup_prefixes"] = tuple(args.cgroup_prefix)
+    return Engine(Host.live(), lambda: discover(ProbeContext.live()), _state_dir(args), ApplyConfig(**overrides),
+                  hook=_pause_hook())
+
+
+def _read_plan(source: str) -> planpb.BindingPlan:
+    if source == "-":
+        return load_plan(sys.stdin.read())
+    try:
+        text = Path(source).read_bytes()
+    except OSError as exc:
+        raise ApplyError(f"{source}: {exc.strerror}") from exc
+    return load_plan(text)
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    try:
+        plan = _read_plan(args.plan)
+        engine = _engine(args)
+        recovered = [] if args.dry_run else engine.recover()
+        result = engine.apply(plan, dry_run=args.dry_run)
+    except ApplyError as exc:
+        print(f"memtopo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for r in recovered:
+        print(f"memtopo: recovered unfinished plan {r.plan_id}: {P.State.Name(r.state)}: {r.message}", file=sys.stderr)
+    _emit(result, args.format, plan)
+    return EXIT_OK if result.state in _OK_STATES else EXIT_NOT_APPLIED
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    try:
+        result = _engine(args).rollback(args.plan_id)
+    except ApplyError as exc:
+        print(f"memtopo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _emit(result, args.format, None)
+    return EXIT_OK if result.state == P.STATE_ROLLED_BACK else EXIT_NOT_APPLIED
+
+
+def _exec_policy(args: argparse.Namespace) -> launch.MemPolicySpec | None:
+    if args.membind is not None:
+        return launch.parse_policy(f"bind={args.membind}")
+    if args.interleave is not None:
+        return launch.parse_policy(f"interleave={args.interleave}")
+    if args.preferred is not None:
+        return launch.parse_policy(f"preferred={args.preferred}")
+    if args.localalloc:
+        return launch.parse_policy("local")
+    if args.policy is not None:
+        return launch.parse_policy(args.policy)
+    return None
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        cpus = parse_cpulist(args.cpus) if args.cpus is not None else None
+        policy = _exec_policy(args)
+        host = Host.live()
+        launch.launch(command, policy, cpus, host.kernel, host.files)
+    except CpuListError as exc:
+        print(f"memtopo: --cpus: {exc}", file=sys.stderr)
+    except ApplyError as exc:
+        print(f"memtopo: {exc}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# ---- output ------------------------------------------------------------------------------------------
+def _emit(result: planpb.PlanResult, fmt: str, plan: planpb.BindingPlan | None) -> None:
+    sys.stdout.write(to_json(result) + "\n" if fmt == "json" else render(result, plan))
+
+
+def render(result: planpb.PlanResult, plan: planpb.BindingPlan | None = None) -> str:
+    """The human view: state and message, rejections, then per action its diff (- before, + after)."""
+    kinds = {a.id: (a.WhichOneof("action") or "?", a.required) for a in plan.actions} if plan else {}
+    lines = [f"plan {result.plan_id or '(no id)'}: {P.State.Name(result.state).removeprefix('STATE_')}"
+             f" — {result.message}"]
+    for rej in result.rejections:
+        lines.append(f"  rejected  {rej}")
+    for ar in result.actions:
+        kind, required = kinds.get(ar.action_id, ("", False))
+        tag = S.Status.Name(ar.status).removeprefix("STATUS_")
+        head = f"  [{tag}] {ar.action_id}"
+        if kind:
+            head += f" {kind}{' (required)' if required else ' (optional)'}"
+        lines.append(head)
+        if ar.reason:
+            lines.append(f"      {ar.reason}")
+        shown = ar.status in (S.STATUS_WOULD_CHANGE, S.STATUS_APPLIED, S.STATUS_ROLLED_BACK, S.STATUS_FAILED,
+                              S.STATUS_ROLLBACK_FAILED)
+        if shown:
+            lines.extend(f"      - {b}" for b in ar.before)
+            lines.extend(f"      + {a}" for a in ar.after)
+        elif ar.after:
+            lines.extend(f"        {a}" for a in ar.after)
+        for key in sorted(ar.details):
+            lines.append(f"      {key}: {ar.details[key]}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m agent.apply_cli …``) until agent/cli.py registers the commands."""
+    parser = argparse.ArgumentParser(prog="memtopo")
+    add_commands(parser.add_subparsers(dest="command_name", required=True))
+    args = parser.parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
