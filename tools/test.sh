@@ -5,7 +5,10 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 tools/gen_proto.sh --check
 .venv/bin/ruff check .
-.venv/bin/mypy discovery planner apply agent controller tests bench
+# Every package that has code yet (apply/ and controller/ fill in over the milestones).
+mapfile -t typed < <(for d in discovery planner apply agent controller tests bench; do
+  compgen -G "$d/*.py" >/dev/null && echo "$d"; done)
+.venv/bin/mypy "${typed[@]}"
 # Each synthesized host's host.py on its own: they share a module name, so not in one mypy run.
 for host in tests/fixtures/*/host.py; do .venv/bin/mypy --no-error-summary "$host"; done
 lab=../shared/lab/numa-vm
