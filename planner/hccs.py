@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from operator import itemgetter
-from typing import Any, Literal, NamedTuple, TypeGuard
+from typing import Any, Literal, NamedTuple
 
 from planner.errors import PlanError
-from planner.request import as_object, get_int, get_int_list, get_list, get_str, reject_unknown
+from planner.request import as_object, get_int, get_int_list, get_list, get_str, id_mask, reject_unknown
 
 Group = Literal["A", "B", "C", "D"]
 GROUPS: tuple[Group, ...] = ("A", "B", "C", "D")
@@ -285,18 +285,6 @@ def _checked_ids(node: Mapping[str, Any]) -> tuple[int, ...]:
     return available
 
 
-def _valid_ids(raw: Any) -> TypeGuard[list[int]]:
-    # The fleet path: one pass over a well-formed list; anything odd goes to _checked_ids for the message.
-    if type(raw) is not list:
-        return False
-    seen = 0
-    for i in raw:
-        if type(i) is not int or not 0 <= i < NODE_NPUS or seen >> i & 1:
-            return False
-        seen |= 1 << i
-    return True
-
-
 def _checked_capacity(node: Mapping[str, Any], available: tuple[int, ...]) -> int:
     capacity = get_int(node, "capacity", len(available), minimum=0)
     if capacity > NODE_NPUS:
@@ -321,8 +309,9 @@ def _parse_node(obj: Any) -> Node:
         name = get_str(node, "name")
         if not name:
             raise PlanError("invalid_request", "name: must not be empty")
-    raw = node.get("available")
-    available = tuple(raw) if _valid_ids(raw) else _checked_ids(node)
+    raw: Any = node.get("available")
+    # The fleet path: one pass over a well-formed list; anything odd goes to _checked_ids for the message.
+    available: tuple[int, ...] = tuple(raw) if id_mask(raw, NODE_NPUS) >= 0 else _checked_ids(node)
     capacity = node.get("capacity", len(available))
     if type(capacity) is not int or not len(available) <= capacity <= NODE_NPUS:
         capacity = _checked_capacity(node, available)

@@ -108,3 +108,16 @@ def reject_unknown(obj: Mapping[str, Any], allowed: Iterable[str], field: str) -
     unknown = sorted(str(k) for k in obj if k not in known)
     if unknown:
         raise _bad(field, f"unknown keys {unknown}; expected {sorted(known)}")
+
+
+def id_mask(raw: Any, limit: int) -> int:
+    """Bitmask of a JSON list of unique ints in [0, limit), or -1 for anything else (the caller then
+    explains what is wrong). One pass, no allocation: the fleet policies call it per node."""
+    if type(raw) is not list:
+        return -1
+    mask = 0
+    for i in raw:
+        if type(i) is not int or not 0 <= i < limit or mask >> i & 1:
+            return -1
+        mask |= 1 << i
+    return mask

@@ -24,7 +24,7 @@ from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
 from planner.errors import PlanError
-from planner.request import as_object, get_bool, get_int, get_int_list, get_list, get_str, reject_unknown
+from planner.request import as_object, get_bool, get_int, get_int_list, get_list, get_str, id_mask, reject_unknown
 
 DEVICES = 8
 HALF = 4
@@ -268,18 +268,6 @@ class Request:
     cross_half_fallback: bool = False
 
 
-def _used_mask(raw: Any) -> int:
-    """Bitmask of a well-formed ``used`` list in one pass, or −1 for _checked_used to explain."""
-    if type(raw) is not list:
-        return -1
-    mask = 0
-    for i in raw:
-        if type(i) is not int or not 0 <= i < DEVICES or mask >> i & 1:
-            return -1
-        mask |= 1 << i
-    return mask
-
-
 def _checked_used(node: Mapping[str, Any]) -> int:
     mask = 0
     for i in get_int_list(node, "used"):
@@ -312,7 +300,7 @@ def _parse_node(obj: Any) -> Node:
         )
     if text is not None:
         return Node(name, parse_occupancy(text))
-    mask = _used_mask(used)
+    mask = id_mask(used, DEVICES)
     return Node(name, mask if mask >= 0 else _checked_used(node))
 
 
