@@ -68,6 +68,7 @@ def render(topo: pb.MemoryTopology) -> str:
                      human_bytes(d.free_bytes), tier, d.subtype or "-", _perf(d.local_performance)])
     out += _table(["ID", "TYPE", "NODES", "CPUS", "LOCAL-CPUS", "CAPACITY", "FREE", "TIER(k/h)", "SUBTYPE",
                    "LOCAL BW/LAT"], rows)
+    out += [f"  domain {d.id}: {d.note}" for d in topo.domains if d.note]
 
     out += ["", "NUMA nodes"]
     rows = []

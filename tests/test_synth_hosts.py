@@ -181,3 +181,28 @@ def test_nvml_missing_on_gh200_still_reports_the_gpu_and_its_memory_node_from_pr
     assert list(gpu.memory_numa_nodes) == [1] and not gpu.unified_memory
     assert UNIFIED not in [d.type for d in t.domains]
     assert not list(fabric_links(t))
+
+
+def test_gh200_cdmm_is_still_unified_and_says_gpu_memory_is_not_os_visible(tmp_path: Path) -> None:
+    """CDMM (no GPU NUMA node, NumaNodeId unsupported): one Unified domain of the Grace node, with the
+    coherent-fabric link, and a note that the GPU's memory is not in it."""
+    import importlib.util
+
+    from tests.synth import tree
+    from tests.sysfs_tree import Link, write_tree
+
+    spec = importlib.util.spec_from_file_location("grace_cdmm", FIXTURES / "gh200" / "grace.py")
+    assert spec is not None and spec.loader is not None
+    grace = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grace)
+    files = tree(grace.host("gh200", cdmm=True))
+    root_dir = write_tree(tmp_path, {k: Link(v[3:]) if v.startswith("-> ") else v for k, v in files.items()})
+    (root_dir / ".memtopo").mkdir()
+    (root_dir / ".memtopo" / "nvml.json").write_text(grace.nvml_text("gh200", cdmm=True))
+    t = discover(ProbeContext.at_root(root_dir))
+    (d,) = [d for d in t.domains if d.type == UNIFIED]
+    assert list(d.numa_nodes) == [0]
+    assert "not OS-visible" in d.note
+    (gpu,) = t.accelerators
+    assert gpu.unified_memory and list(gpu.memory_numa_nodes) == []
+    assert len(list(fabric_links(t))) == 1
