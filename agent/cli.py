@@ -10,6 +10,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from agent.apply_cli import add_commands as add_apply_commands
 from agent.render import render, render_links
 from discovery.capture import CaptureError, gather, open_root
 from discovery.discover import discover
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("out", help="output archive (.tar.gz, .tar.xz or .tar)")
     g.add_argument("--root", default="/", help=argparse.SUPPRESS)
     g.set_defaults(func=cmd_gather)
+
+    add_apply_commands(sub)
     return parser
 
 

@@ -450,7 +450,8 @@ def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[
                 # CDMM: the driver keeps the HBM; still one coherent superchip, but only the CPU
                 # side's memory is in this domain's capacity.
                 dom = topo.domains[domain]
-                dom.note = "; ".join(filter(None, [dom.note, f"{rec.id} memory is driver-managed (CDMM), not OS-visible"]))
+                cdmm = f"{rec.id} memory is driver-managed (CDMM), not OS-visible"
+                dom.note = "; ".join(filter(None, [dom.note, cdmm]))
     for link in accels.links:
         topo.accelerator_links.add(a=link.a, b=link.b, kind=link.kind, count=link.link_count,
                                    bandwidth_mbps=link.bandwidth_mbps, source=link.source)

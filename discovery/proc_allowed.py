@@ -97,7 +97,7 @@ def _status(ctx: ProbeContext, sb: StatusBuilder) -> tuple[Ids | None, Ids | Non
     return found["Cpus_allowed_list"], found["Mems_allowed_list"]
 
 
-def _mounts(ctx: ProbeContext, sb: StatusBuilder) -> list[_Mount]:
+def cgroup_mounts(ctx: ProbeContext, sb: StatusBuilder) -> list[_Mount]:
     """cgroup/cgroup2/cpuset mounts, from mountinfo (which has the mount root) or /proc/mounts."""
     try:
         text = ctx.fs.read_text(MOUNTINFO)
@@ -174,7 +174,7 @@ def _self_cgroups(ctx: ProbeContext, sb: StatusBuilder) -> tuple[str | None, str
 
 def _cgroup(ctx: ProbeContext, sb: StatusBuilder) -> tuple[int, str, Ids | None, Ids | None]:
     """(version, cpuset cgroup path, effective cpus, effective mems); None for an unknown set."""
-    mounts = _mounts(ctx, sb)
+    mounts = cgroup_mounts(ctx, sb)
     v1_path, v2_path = _self_cgroups(ctx, sb)
     v1 = next((m for m in mounts if m.fstype == "cpuset"
                or (m.fstype == "cgroup" and "cpuset" in m.options)), None)

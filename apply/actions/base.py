@@ -1,0 +1,106 @@
+"""What every action kind shares: read the current state and the diff (``prepare``), then change and
+verify (``apply``). Restoring is not here: a step only *describes* its undo (apply/undo.py), so a
+crashed run's journal is restored without the step that wrote it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from apply import irqbalance, irqs
+from apply.config import ApplyConfig
+from apply.errors import ApplyError
+from apply.host import Host
+from apply.undo import UndoOp
+from discovery.cpulist import format_cpulist
+from memtopo.v1 import plan_pb2 as planpb
+
+# Values the steps of one fsync group expect earlier steps of the group to leave: ("tid", n) →
+# cpus, ("irq", n) → cpus. A later step's undo records them as the previous value.
+Overlay = dict[tuple[str, int], frozenset[int]]
+
+
+class ActionError(ApplyError):
+    """The action could not be carried out (or did not verify); its own changes get restored."""
+
+
+class ActionSkipError(ApplyError):
+    """Nothing could be done and that is not a failure (every IRQ of the action is kernel-managed)."""
+
+
+@dataclass
+class Prepared:
+    before: list[str]
+    after: list[str]
+    undo: list[UndoOp]
+    # False: the host already holds the desired state (UNCHANGED; nothing is written).
+    changes: bool
+    details: dict[str, str] = field(default_factory=dict)
+    # Call apply even without changes (page migration: the kernel decides what is left to move).
+    run_anyway: bool = False
+
+
+@dataclass
+class Applied:
+    after: list[str]
+    details: dict[str, str] = field(default_factory=dict)
+    unchanged: bool = False
+
+
+class RunContext:
+    """Per-run state shared by the steps: the host, the config, and facts read once per plan."""
+
+    def __init__(self, host: Host, config: ApplyConfig,
+                 detect_irqbalance: Callable[[], irqbalance.Irqbalance | None] | None = None) -> None:
+        self.host = host
+        self.config = config
+        self._detect = detect_irqbalance or (lambda: irqbalance.detect(host.procs, host.files))
+        self._irqbalance: irqbalance.Irqbalance | bool | None = False
+        self.interrupts_cache: dict[int, irqs.IrqLine] | None = None
+        # The banned list as this plan's prepared steps leave it (None until read from irqbalance), and
+        # whether a step already stops it: steps are prepared before the ones before them apply.
+        self.irqbalance_banned: tuple[int, ...] | None = None
+        self.irqbalance_stopped = False
+
+    def irqbalance(self) -> irqbalance.Irqbalance | None:
+        if self._irqbalance is False:
+            self._irqbalance = self._detect()
+        assert not isinstance(self._irqbalance, bool)
+        return self._irqbalance
+
+    def interrupts(self) -> dict[int, irqs.IrqLine]:
+        if self.interrupts_cache is None:
+            self.interrupts_cache = irqs.read_interrupts(self.host.files)
+        return self.interrupts_cache
+
+
+class Step(ABC):
+    # Steps that only set per-object values (thread masks, IRQ masks) may share one journal fsync
+    # with their neighbours: none changes what another may do.
+    groupable: ClassVar[bool] = False
+    kind: ClassVar[str] = ""
+
+    def __init__(self, ctx: RunContext, action: planpb.PlanAction) -> None:
+        self.ctx = ctx
+        self.action = action
+
+    @property
+    def host(self) -> Host:
+        return self.ctx.host
+
+    @abstractmethod
+    def prepare(self, overlay: Overlay) -> Prepared:
+        """Read the current state; no host change. May raise ActionError/ActionSkipError."""
+
+    @abstractmethod
+    def apply(self, prepared: Prepared) -> Applied:
+        """Change the host and verify; raises ActionError (then the undo is restored)."""
+
+    def predict(self, overlay: Overlay) -> None:  # noqa: B027 - most steps set nothing groupable
+        """Record in ``overlay`` what a successful apply leaves."""
+
+
+def ids(values: Iterable[int]) -> str:
+    return format_cpulist(values) or "none"

@@ -1,0 +1,163 @@
+"""IRQ affinity through ``/proc/irq/N/smp_affinity_list`` (kernel_interfaces.md §5.2-§5.5).
+
+The effective affinity is read back and reported; it may lag until the next interrupt on x86, so
+only ``smp_affinity_list`` must verify. A kernel-managed IRQ refuses the write with EIO (older
+kernels) or EPERM (≈6.12+): it is reported as unmovable, never retried and, per the notes, never
+a failure of the plan; an action whose every IRQ is managed is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from apply import irqbalance, irqs
+from apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step, ids
+from apply.errors import HostWriteError, errno_name
+from apply.undo import BanUndo, FileUndo, ServiceUndo, UndoOp
+from apply.validate import IrqTarget
+from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
+from discovery.hostfs import HostReadError
+from memtopo.v1 import plan_pb2 as planpb
+
+_UNMOVABLE = (errno.EIO, errno.EPERM)
+
+
+class IrqStep(Step):
+    groupable = True
+    kind = "irq_affinity"
+
+    def __init__(self, ctx: RunContext, action: planpb.PlanAction, target: IrqTarget) -> None:
+        super().__init__(ctx, action)
+        self.target = target
+        self._changed: list[int] = []
+        self._ban: tuple[irqbalance.Client, tuple[int, ...]] | None = None
+        self._stop: str | None = None
+
+    def _ids(self, rel: str) -> tuple[int, ...]:
+        try:
+            return parse_cpulist(self.host.files.read_text(rel))
+        except (HostReadError, CpuListError) as exc:
+            raise ActionError(f"/{rel}: {exc}") from exc
+
+    def prepare(self, overlay: Overlay) -> Prepared:
+        t = self.target
+        want = frozenset(t.cpus)
+        before: list[str] = []
+        undo: list[UndoOp] = []
+        changed: list[int] = []
+        for irq in t.irqs:
+            rel = irqs.affinity_file(irq)
+            predicted = overlay.get(("irq", irq))
+            cur = tuple(sorted(predicted)) if predicted is not None else self._ids(rel)
+            # The effective affinity is read after the change (details): one file less per IRQ here.
+            before.append(f"IRQ {irq}{self._name(irq)}: affinity {ids(cur)}")
+            if frozenset(cur) != want:
+                changed.append(irq)
+                undo.append(FileUndo(rel, format_cpulist(cur), "list"))
+        details = {"irqs": ids(t.irqs), "selector": t.selector}
+        self._changed = changed
+        if changed:
+            undo = self._irqbalance(details) + undo
+        after = [f"IRQ {irq}{self._name(irq)}: affinity {ids(t.cpus)}" for irq in t.irqs]
+        return Prepared(before, after, undo, bool(changed), details)
+
+    def _irqbalance(self, details: dict[str, str]) -> list[UndoOp]:
+        """Decide what to do about a running irqbalance; returns the undo of it (applied first)."""
+        ctx = self.ctx
+        ib = ctx.irqbalance()
+        if ib is None:
+            return []
+        note = ib.describe()
+        policy = ctx.config.irqbalance
+        undo: list[UndoOp] = []
+        if policy == "ban":
+            try:
+                client = irqbalance.client_for(ib, self.host.files)
+                current = ctx.irqbalance_banned if ctx.irqbalance_banned is not None else client.banned()
+                wanted = tuple(sorted(set(current) | set(self.target.irqs)))
+                irqbalance.ban_command(wanted)
+            except irqbalance.IrqbalanceError as exc:
+                note += f"; could not ban the IRQs ({exc}): it may move them again"
+            else:
+                if wanted != current:
+                    self._ban = (client, wanted)
+                    undo.append(BanUndo(ib.pid, ib.starttime, client.address, current))
+                    # Later steps prepared before this one applies must add to this list, not replace it.
+                    ctx.irqbalance_banned = wanted
+                note += f"; policy ban: IRQ {ids(self.target.irqs)} excluded from balancing"
+        elif policy == "stop":
+            if ctx.irqbalance_stopped:
+                note += "; stopped earlier in this plan"
+            elif ib.unit is None:
+                note += "; policy stop, but it is not a systemd unit: left running, it may move these IRQs again"
+            else:
+                self._stop = ib.unit
+                undo.append(ServiceUndo(ib.unit))
+                ctx.irqbalance_stopped = True
+                note += f"; policy stop: systemctl stop {ib.unit} (started again on rollback)"
+        else:
+            note += "; policy leave: it may move these IRQs again within its interval"
+        details["irqbalance"] = note
+        return undo
+
+    def apply(self, prepared: Prepared) -> Applied:
+        t, files = self.target, self.host.files
+        details = dict(prepared.details)
+        if self._ban is not None:
+            client, wanted = self._ban
+            try:
+                client.set_banned(wanted)
+            except irqbalance.IrqbalanceError as exc:
+                details["irqbalance"] += f"; ban failed ({exc}): it may move these IRQs again"
+        if self._stop is not None:
+            res = self.host.runner.run(["systemctl", "stop", self._stop])
+            if not res.ok:
+                details["irqbalance"] += f"; stop failed ({res.failure}): it may move these IRQs again"
+        value = format_cpulist(t.cpus)
+        moved: list[int] = []
+        unmovable: dict[int, str] = {}
+        for irq in self._changed:
+            rel = irqs.affinity_file(irq)
+            try:
+                files.write(rel, value)
+            except HostWriteError as exc:
+                if exc.errno in _UNMOVABLE:
+                    unmovable[irq] = errno_name(exc.errno)
+                    continue
+                hint = " (no online CPU in the set)" if exc.errno == errno.EINVAL else ""
+                raise ActionError(f"IRQ {irq}: write {value} to /{rel}: {exc.reason}{hint}") from exc
+            moved.append(irq)
+        if unmovable:
+            details["unmovable"] = ", ".join(f"{irq} ({code})" for irq, code in unmovable.items())
+        if unmovable and not moved:
+            codes = ", ".join(sorted(set(unmovable.values())))
+            raise ActionSkipError(f"IRQ {ids(unmovable)} managed by the kernel ({codes}): its affinity cannot be "
+                                  "changed from user space")
+        effective: list[str] = []
+        want = set(t.cpus)
+        for irq in moved:
+            # An effective affinity inside the new set proves the write held; otherwise (x86 moves an
+            # IRQ at its next interrupt) the requested mask must read back as written.
+            try:
+                eff: tuple[int, ...] | None = files.read_ids(irqs.effective_file(irq))
+            except HostReadError:
+                eff = None
+            if eff is None or not eff or not set(eff) <= want:
+                got = self._ids(irqs.affinity_file(irq))
+                if set(got) != want:
+                    raise ActionError(f"IRQ {irq}: smp_affinity_list reads {ids(got)} after writing {value}")
+            if eff is not None:
+                pending = "" if eff and set(eff) <= want else " (pending until its next interrupt)"
+                effective.append(f"{irq}→{ids(eff)}{pending}")
+        if effective:
+            details["effective_affinity"] = ", ".join(effective)
+        after = [f"IRQ {irq}{self._name(irq)}: " + (f"unchanged (managed, {unmovable[irq]})" if irq in unmovable
+                                                     else f"affinity {ids(t.cpus)}") for irq in t.irqs]
+        return Applied(after, details)
+
+    def _name(self, irq: int) -> str:
+        return f" ({self.target.names[irq]})" if irq in self.target.names else ""
+
+    def predict(self, overlay: Overlay) -> None:
+        for irq in self._changed:
+            overlay[("irq", irq)] = frozenset(self.target.cpus)

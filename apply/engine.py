@@ -1,0 +1,487 @@
+"""The apply engine: validate a BindingPlan, show or apply its diff, journal, verify, roll back.
+
+One plan at a time (a lock in the process, an flock on the state directory across processes).
+The order for each action: read the current state and the diff (prepare), journal the previous
+values with one fsync, change, verify. Consecutive thread/IRQ affinity actions share one fsync:
+they only set per-object values, so none changes what another may do, and the later ones record as
+"previous" what the earlier ones will leave (apply/actions/base.py ``Overlay``).
+
+* A required action that fails restores everything done so far, in reverse, and verifies it:
+  ROLLED_BACK, or FAILED when something could not be restored (the action results say what).
+* An optional action that fails restores its own changes and is SKIPPED with the reason.
+* The same plan id again returns the stored result without touching the host; a different plan
+  under a used id is rejected.
+* An interrupted run (crash, SIGKILL) leaves an unfinished journal; :meth:`Engine.recover` (also
+  run before every apply) restores it. :meth:`Engine.rollback` restores a finished one on request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from apply import cgroups, irqbalance
+from apply.actions import ActionError, ActionSkipError, Overlay, Prepared, RunContext, Step, make_step
+from apply.cgroups import Hierarchy
+from apply.config import ApplyConfig
+from apply.errors import PlanNotFoundError, StateError
+from apply.host import Host
+from apply.journal import JournalState, JournalWriter, StateStore, plan_hash
+from apply.undo import Outcome, UndoOp, restore_all
+from apply.validate import Validation, validate
+from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
+
+S = planpb.ActionResult
+P = planpb.PlanResult
+
+TopologyProvider = Callable[[], pb.MemoryTopology]
+# Called with ("before_action" | "after_action", action): tests pause or kill the run here.
+Hook = Callable[[str, planpb.PlanAction], None]
+
+
+def _now() -> Timestamp:
+    ts = Timestamp()
+    ts.GetCurrentTime()
+    return ts
+
+
+def _result(aid: str, status: int, reason: str = "", before: Sequence[str] = (), after: Sequence[str] = (),
+            details: dict[str, str] | None = None) -> planpb.ActionResult:
+    r = planpb.ActionResult(action_id=aid, status=status, reason=reason)  # type: ignore[arg-type]
+    r.before.extend(before)
+    r.after.extend(after)
+    if details:
+        r.details.update(details)
+    return r
+
+
+class Engine:
+    def __init__(self, host: Host, topology_provider: TopologyProvider, state_dir: str | Path,
+                 config: ApplyConfig | None = None, hook: Hook | None = None) -> None:
+        self.host = host
+        self.topology = topology_provider
+        self.config = config or ApplyConfig()
+        self.store = StateStore(state_dir)
+        self.hook = hook
+        self._lock = threading.RLock()
+        self._irqbalance_seen: tuple[float, irqbalance.Irqbalance | None] | None = None
+
+    # ---- public --------------------------------------------------------------------------------------
+    def apply(self, plan: planpb.BindingPlan, dry_run: bool = False) -> planpb.PlanResult:
+        started = _now()
+        with self._lock:
+            if dry_run:
+                return self._dry_run(plan, started)
+            with self.store.lock(self.config.lock_timeout_s):
+                self._recover_pending()
+                sha = plan_hash(plan)
+                if plan.plan_id:
+                    stored = self.store.load_result(plan.plan_id)
+                    if stored is not None:
+                        if stored.plan_sha256 != sha:
+                            return self._rejected(plan, started, None, [
+                                f"plan: plan id {plan.plan_id!r} was already used for a different plan"])
+                        res = planpb.PlanResult()
+                        res.CopyFrom(stored.result)
+                        res.message = f"{res.message} [stored result: this plan id was seen before; nothing changed]"
+                        return res
+                topo = self.topology()
+                validation = validate(plan, topo, self.host, self.config, self._hierarchy())
+                if not validation.ok:
+                    return self._rejected(plan, started, topo, list(validation.rejections))
+                return self._run(plan, sha, topo, validation, started)
+
+    def rollback(self, plan_id: str) -> planpb.PlanResult:
+        with self._lock, self.store.lock(self.config.lock_timeout_s):
+            self._hierarchy()
+            stored = self.store.load_result(plan_id)
+            js = self.store.read_journal(plan_id)
+            if stored is None and (js is None or not js.plan_id):
+                raise PlanNotFoundError(f"no plan {plan_id!r} in {self.store.dir}")
+            if js is not None and js.unfinished:
+                return self._restore_journal(js, stored.result if stored else None,
+                                             "interrupted run rolled back on request")
+            if stored is not None and stored.result.state == P.STATE_ROLLED_BACK:
+                res = planpb.PlanResult()
+                res.CopyFrom(stored.result)
+                res.message = f"{res.message} [already rolled back; nothing changed]"
+                return res
+            if js is None:
+                js = JournalState(key="", plan_id=plan_id)
+            return self._restore_journal(js, stored.result if stored else None, "rolled back on request")
+
+    def recover(self) -> list[planpb.PlanResult]:
+        """Roll back every unfinished journal (a run that died); their results, one per plan."""
+        with self._lock, self.store.lock(self.config.lock_timeout_s):
+            return self._recover_pending()
+
+    def result(self, plan_id: str) -> planpb.PlanResult | None:
+        stored = self.store.load_result(plan_id)
+        return stored.result if stored is not None else None
+
+    def list_plans(self) -> list[planpb.PlanResult]:
+        return [s.result for s in self.store.results()]
+
+    # ---- internals -----------------------------------------------------------------------------------
+    def _hierarchy(self) -> Hierarchy | str:
+        """The cpuset hierarchy; its mount and /proc/irq become writable (nothing else ever is)."""
+        hier = cgroups.detect(self.host.files, self.config.cgroup_version)
+        self.host.files.allow_writes(["proc/irq", *([hier.mount] if isinstance(hier, Hierarchy) else [])])
+        return hier
+
+    def _irqbalance(self) -> irqbalance.Irqbalance | None:
+        """Detection reads every process's name; the answer is kept for a while across plans, and a
+        cached irqbalance is checked to be the same process still."""
+        now = time.monotonic()
+        seen = self._irqbalance_seen
+        if seen is not None and now - seen[0] < self.config.irqbalance_cache_s:
+            ib = seen[1]
+            if ib is None or self.host.procs.starttime(ib.pid) == ib.starttime:
+                return ib
+        ib = irqbalance.detect(self.host.procs, self.host.files)
+        self._irqbalance_seen = (now, ib)
+        return ib
+
+    def _call_hook(self, event: str, action: planpb.PlanAction) -> None:
+        if self.hook is not None:
+            self.hook(event, action)
+
+    def _plan_result(self, plan: planpb.BindingPlan, state: int, message: str, started: Timestamp,
+                     topo: pb.MemoryTopology | None, actions: Sequence[planpb.ActionResult | None] = (),
+                     rejections: Sequence[str] = ()) -> planpb.PlanResult:
+        res = planpb.PlanResult(plan_id=plan.plan_id, state=state, message=message)  # type: ignore[arg-type]
+        res.actions.extend(a for a in actions if a is not None)
+        res.rejections.extend(rejections)
+        res.started.CopyFrom(started)
+        res.finished.CopyFrom(_now())
+        if topo is not None:
+            res.node_name = topo.node_name
+        return res
+
+    def _rejected(self, plan: planpb.BindingPlan, started: Timestamp, topo: pb.MemoryTopology | None,
+                  rejections: list[str]) -> planpb.PlanResult:
+        # Not stored: nothing was touched, and a plan refused on this host's state may be valid later.
+        return self._plan_result(plan, P.STATE_REJECTED, f"{len(rejections)} validation error(s); nothing was touched",
+                                 started, topo, rejections=rejections)
+
+    def _steps(self, plan: planpb.BindingPlan, validation: Validation, ctx: RunContext,
+               results: list[planpb.ActionResult | None]) -> list[Step | None]:
+        steps: list[Step | None] = []
+        for i, action in enumerate(plan.actions):
+            if action.id in validation.skips:
+                results[i] = _result(action.id, S.STATUS_SKIPPED, validation.skips[action.id])
+                steps.append(None)
+            else:
+                steps.append(make_step(ctx, action, validation.targets[action.id]))
+        return steps
+
+    def _dry_run(self, plan: planpb.BindingPlan, started: Timestamp) -> planpb.PlanResult:
+        topo = self.topology()
+        validation = validate(plan, topo, self.host, self.config, self._hierarchy())
+        if not validation.ok:
+            return self._rejected(plan, started, topo, list(validation.rejections))
+        ctx = RunContext(self.host, self.config, self._irqbalance)
+        results: list[planpb.ActionResult | None] = [None] * len(plan.actions)
+        steps = self._steps(plan, validation, ctx, results)
+        overlay: Overlay = {}
+        for i, step in enumerate(steps):
+            if step is None:
+                continue
+            aid = plan.actions[i].id
+            try:
+                p = step.prepare(overlay)
+            except (ActionError, ActionSkipError) as exc:
+                failed = isinstance(exc, ActionError) and plan.actions[i].required
+                results[i] = _result(aid, S.STATUS_FAILED if failed else S.STATUS_SKIPPED, str(exc))
+                continue
+            if p.changes:
+                step.predict(overlay)
+            status = S.STATUS_WOULD_CHANGE if p.changes else S.STATUS_UNCHANGED
+            results[i] = _result(aid, status, "", p.before, p.after, p.details)
+        counts = {st: sum(1 for r in results if r is not None and r.status == st)
+                  for st in (S.STATUS_WOULD_CHANGE, S.STATUS_UNCHANGED, S.STATUS_SKIPPED, S.STATUS_FAILED)}
+        msg = (f"dry run: {counts[S.STATUS_WOULD_CHANGE]} would change, {counts[S.STATUS_UNCHANGED]} unchanged, "
+               f"{counts[S.STATUS_SKIPPED]} skipped; nothing was touched")
+        if counts[S.STATUS_FAILED]:
+            msg += f"; {counts[S.STATUS_FAILED]} required action(s) cannot run now"
+        stored = self.store.load_result(plan.plan_id) if plan.plan_id else None
+        if stored is not None:
+            msg += " (this plan id was applied before: apply would return its stored result)"
+        return self._plan_result(plan, P.STATE_DRY_RUN, msg, started, topo, results)
+
+    def _run(self, plan: planpb.BindingPlan, sha: str, topo: pb.MemoryTopology, validation: Validation,
+             started: Timestamp) -> planpb.PlanResult:
+        ctx = RunContext(self.host, self.config, self._irqbalance)
+        n = len(plan.actions)
+        results: list[planpb.ActionResult | None] = [None] * n
+        steps = self._steps(plan, validation, ctx, results)
+        run = _Run(self, plan, sha, topo, started, results)
+        i = 0
+        while i < n:
+            group = [i]
+            first = steps[i]
+            if first is not None and first.groupable:
+                j = i + 1
+                while j < n and (steps[j] is None or steps[j].groupable):  # type: ignore[union-attr]
+                    group.append(j)
+                    j += 1
+            outcome = run.group(group, steps)
+            if isinstance(outcome, planpb.PlanResult):
+                return outcome
+            i = outcome
+        return run.finish()
+
+    def _restore_journal(self, js: JournalState, base: planpb.PlanResult | None, why: str) -> planpb.PlanResult:
+        """Restore every undo record of a journal (reverse order, verified) and store the result."""
+        plan_id = js.plan_id
+        entries = js.ops_in_order()
+        self.store.mark_open(plan_id)
+        self.store.append(plan_id, [{"t": "rollback"}], sync=True)
+        flat: list[UndoOp] = [op for _, _, ops in entries for op in ops]
+        outcomes = restore_all(self.host, flat)
+        per_action: dict[str, list[Outcome]] = {}
+        k = 0
+        for _, aid, ops in entries:
+            per_action.setdefault(aid, []).extend(outcomes[k:k + len(ops)])
+            k += len(ops)
+        ok = all(o.ok for o in outcomes)
+        res = planpb.PlanResult()
+        if base is not None:
+            res.CopyFrom(base)
+        else:
+            plan = js.plan or planpb.BindingPlan(plan_id=plan_id)
+            res.plan_id = plan_id
+            res.started.CopyFrom(_now())
+            for action in plan.actions:
+                done = js.done.get(action.id)
+                if action.id in per_action or done is not None:
+                    res.actions.append(_result(action.id, S.STATUS_APPLIED if done else S.STATUS_FAILED,
+                                               "" if done else "interrupted while being applied"))
+                else:
+                    res.actions.append(_result(action.id, S.STATUS_SKIPPED, "not run: the run was interrupted"))
+            known = {a.id for a in plan.actions}
+            res.actions.extend(_result(aid, S.STATUS_FAILED, "in the journal but not in its plan")
+                               for _, aid, _ in entries if aid not in known)
+        for ar in res.actions:
+            outs = per_action.get(ar.action_id)
+            if outs is None:
+                continue
+            notes = "; ".join(o.note for o in outs if o.note)
+            if all(o.ok for o in outs):
+                if ar.status != S.STATUS_FAILED:
+                    ar.status = S.STATUS_ROLLED_BACK
+                ar.reason = _join(ar.reason, f"restored{': ' + notes if notes else ''}")
+            else:
+                ar.status = S.STATUS_ROLLBACK_FAILED
+                ar.reason = _join(ar.reason, f"restore failed: {notes}")
+        res.state = P.STATE_ROLLED_BACK if ok else P.STATE_FAILED
+        restored = sum(1 for a in res.actions if a.status == S.STATUS_ROLLED_BACK)
+        bad = sum(1 for o in outcomes if not o.ok)
+        res.message = (f"{why}: {restored} action(s) restored" if ok else
+                       f"{why}, but {bad} change(s) could not be restored: see actions")
+        res.finished.CopyFrom(_now())
+        self.store.append(plan_id, [{"t": "rolled_back", "state": P.State.Name(res.state)}], sync=True)
+        self.store.save_result(plan_id, js.plan_sha256 or (plan_hash(js.plan) if js.plan else ""), res)
+        if not js.ended:
+            self.store.append(plan_id, [{"t": "end", "state": P.State.Name(res.state)}])
+        self.store.mark_closed(plan_id)
+        return res
+
+    def _recover_pending(self) -> list[planpb.PlanResult]:
+        out: list[planpb.PlanResult] = []
+        for js in self.store.pending():
+            self._hierarchy()
+            stored = self.store.load_result(js.plan_id)
+            if stored is not None and not js.rollback_open:
+                # The result was written and only the end record is missing: the run completed.
+                self.store.append(js.plan_id, [{"t": "end", "state": P.State.Name(stored.result.state)}])
+                self.store.mark_closed(js.plan_id)
+                continue
+            out.append(self._restore_journal(js, stored.result if stored else None,
+                                             "interrupted run rolled back by recovery"))
+        return out
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
+class _Run:
+    """One apply in progress: the journal, what was started, and the results so far."""
+
+    def __init__(self, engine: Engine, plan: planpb.BindingPlan, sha: str, topo: pb.MemoryTopology,
+                 started: Timestamp, results: list[planpb.ActionResult | None]) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.sha = sha
+        self.topo = topo
+        self.started_at = started
+        self.results = results
+        self.journal: JournalWriter | None = None
+        self.done: list[dict[str, str]] = []
+        # Actions whose changes began, in order, with their undo.
+        self.started: list[tuple[int, Prepared]] = []
+
+    @property
+    def host(self) -> Host:
+        return self.engine.host
+
+    def _journal(self) -> JournalWriter:
+        if self.journal is None:
+            self.journal = self.engine.store.begin(self.plan, self.sha)
+        return self.journal
+
+    def _note(self, record: dict[str, str]) -> None:
+        if self.journal is not None:
+            self.journal.write([record])
+
+    def group(self, indices: list[int], steps: Sequence[Step | None]) -> int | planpb.PlanResult:
+        """Prepare, journal (one fsync) and apply a group; the next index, or the final result."""
+        actions = self.plan.actions
+        overlay: Overlay = {}
+        prepared: list[tuple[int, Prepared]] = []
+        for k in indices:
+            step = steps[k]
+            if step is None:
+                continue
+            try:
+                p = step.prepare(overlay)
+            except ActionSkipError as exc:
+                self.results[k] = _result(actions[k].id, S.STATUS_SKIPPED, str(exc))
+                continue
+            except ActionError as exc:
+                if actions[k].required:
+                    return self.fail(k, str(exc))
+                self.results[k] = _result(actions[k].id, S.STATUS_SKIPPED, f"failed: {exc}")
+                continue
+            prepared.append((k, p))
+            if p.changes:
+                step.predict(overlay)
+        entries = [(k, actions[k].id, p.undo) for k, p in prepared if p.undo]
+        if entries:
+            try:
+                self._journal().undo(entries)
+            except StateError as exc:
+                return self.fail(entries[0][0], f"cannot journal the previous state, nothing changed: {exc}")
+        for k, p in prepared:
+            action, step = actions[k], steps[k]
+            assert step is not None
+            self.engine._call_hook("before_action", action)
+            if not p.changes and not p.run_anyway:
+                self.results[k] = _result(action.id, S.STATUS_UNCHANGED, "", p.before, p.after, p.details)
+                self.engine._call_hook("after_action", action)
+                continue
+            self.started.append((k, p))
+            try:
+                done = step.apply(p)
+            except ActionSkipError as exc:
+                self._undo_in_place(k, p, f"{exc}", failed=False)
+                return k + 1  # later steps of the group predicted this one: prepare them again
+            except ActionError as exc:
+                if action.required:
+                    return self.fail(k, str(exc))
+                self._undo_in_place(k, p, f"failed: {exc}")
+                return k + 1
+            except Exception as exc:  # a bug must not leave the host half-changed: restore all
+                return self.fail(k, f"internal error: {type(exc).__name__}: {exc}")
+            status = S.STATUS_UNCHANGED if done.unchanged else S.STATUS_APPLIED
+            self.results[k] = _result(action.id, status, "", p.before, done.after, done.details)
+            self.done.append({"t": "done", "action": action.id, "status": S.Status.Name(status)})
+            if self.engine.hook is not None:
+                self._flush_done()  # a hook may stop the process here: keep the record
+                self.engine._call_hook("after_action", action)
+        self._flush_done()
+        return indices[-1] + 1
+
+    def _flush_done(self) -> None:
+        """"done" records are informational (recovery restores every undo record either way): one
+        write per group, not per action."""
+        if self.done and self.journal is not None:
+            self.journal.write(self.done)
+        self.done = []
+
+    def _undo_in_place(self, k: int, p: Prepared, reason: str, failed: bool = True) -> None:
+        """An optional action that could not complete: put back what it changed, skip it."""
+        self._flush_done()
+        self.started.pop()
+        outcomes = restore_all(self.host, p.undo) if p.undo else []
+        bad = [o.note for o in outcomes if not o.ok]
+        aid = self.plan.actions[k].id
+        if bad:
+            self.results[k] = _result(aid, S.STATUS_ROLLBACK_FAILED, f"{reason}; restoring it failed: {'; '.join(bad)}",
+                                      p.before, p.after, p.details)
+            self.started.append((k, p))  # keep it for a later full rollback
+        else:
+            why = f"{reason}; its changes were restored" if p.undo and failed else reason
+            self.results[k] = _result(aid, S.STATUS_SKIPPED, why, p.before, p.after, p.details)
+            self._note({"t": "restored", "action": aid})
+
+    def fail(self, k: int, reason: str) -> planpb.PlanResult:
+        """A required action failed: restore everything started (itself included), in reverse."""
+        actions = self.plan.actions
+        failed_id = actions[k].id
+        self._flush_done()
+        if self.journal is not None:
+            self.journal.write([{"t": "rollback"}], sync=True)
+        flat: list[UndoOp] = [op for _, p in self.started for op in p.undo]
+        outcomes = restore_all(self.host, flat) if flat else []
+        pos = 0
+        all_ok = True
+        prev = self.results[k]
+        self.results[k] = _result(failed_id, S.STATUS_FAILED, reason,
+                                  prev.before if prev else (), prev.after if prev else ())
+        for idx, p in self.started:
+            outs = outcomes[pos:pos + len(p.undo)]
+            pos += len(p.undo)
+            ok = all(o.ok for o in outs)
+            all_ok = all_ok and ok
+            notes = "; ".join(o.note for o in outs if o.note)
+            r = self.results[idx]
+            if idx == k:
+                assert r is not None
+                r.reason = _join(r.reason, "its partial changes were restored" if ok else f"restoring its partial "
+                                 f"changes failed: {notes}")
+                if not ok:
+                    r.status = S.STATUS_ROLLBACK_FAILED
+                continue
+            if r is None:
+                r = _result(actions[idx].id, S.STATUS_APPLIED)
+                self.results[idx] = r
+            r.status = S.STATUS_ROLLED_BACK if ok else S.STATUS_ROLLBACK_FAILED
+            r.reason = _join(r.reason, f"restored because {failed_id} failed" if ok else f"restore failed: {notes}")
+        for i, r in enumerate(self.results):
+            if r is None:
+                self.results[i] = _result(actions[i].id, S.STATUS_SKIPPED, f"not run: {failed_id} failed")
+        restored = sum(1 for idx, _ in self.started if idx != k)
+        if all_ok:
+            state, msg = P.STATE_ROLLED_BACK, f"{failed_id} failed: {reason}; {restored} applied action(s) restored"
+        else:
+            state, msg = P.STATE_FAILED, f"{failed_id} failed: {reason}; the restore did not complete: see actions"
+        return self._store(state, msg, rolled_back=True)
+
+    def finish(self) -> planpb.PlanResult:
+        counts = {st: sum(1 for r in self.results if r is not None and r.status == st)
+                  for st in (S.STATUS_APPLIED, S.STATUS_UNCHANGED, S.STATUS_SKIPPED, S.STATUS_ROLLBACK_FAILED)}
+        state = P.STATE_APPLIED if counts[S.STATUS_APPLIED] or counts[S.STATUS_ROLLBACK_FAILED] else P.STATE_UNCHANGED
+        msg = (f"{counts[S.STATUS_APPLIED]} applied, {counts[S.STATUS_UNCHANGED]} unchanged, "
+               f"{counts[S.STATUS_SKIPPED]} skipped")
+        if counts[S.STATUS_ROLLBACK_FAILED]:
+            msg += f"; {counts[S.STATUS_ROLLBACK_FAILED]} optional action(s) failed and could not be restored"
+        return self._store(state, msg)
+
+    def _store(self, state: int, msg: str, rolled_back: bool = False) -> planpb.PlanResult:
+        res = self.engine._plan_result(self.plan, state, msg, self.started_at, self.topo, self.results)
+        name = P.State.Name(state)  # type: ignore[arg-type]
+        if self.journal is not None and rolled_back:
+            self.journal.write([{"t": "rolled_back", "state": name}], sync=True)
+        self.engine.store.save_result(self.plan.plan_id, self.sha, res)
+        if self.journal is not None:
+            self.journal.write([{"t": "end", "state": name}])
+            self.journal.close()
+            self.engine.store.mark_closed(self.plan.plan_id)
+        return res

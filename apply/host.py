@@ -1,0 +1,487 @@
+"""Every effect the apply engine has on a host goes through this module.
+
+Three parts, all replaceable in tests:
+
+* :class:`Kernel`: the system calls (thread affinity, memory policy, page migration). The real one
+  is :class:`LinuxKernel`; tests use a fake that records calls and fails on demand.
+* :class:`HostFiles`: reads and writes under a filesystem root (``/`` live, a fake tree in tests).
+  Reads go through :class:`discovery.hostfs.HostFS`; writes are confined to a few prefixes (the
+  cgroup mount, ``proc/irq``) and refuse ``..``, absolute paths and symlinks that leave them.
+  Subclasses override only the primitives ``_write``/``_mkdir``/``_rmdir`` to emulate a kernel
+  filesystem; the checks stay here.
+* a :class:`discovery.runner.Runner` for the one tool the engine may run (``systemctl``).
+
+:class:`Procs` reads process state (``/proc/PID/…``) through the same root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+import os
+import platform
+import re
+import stat
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from apply.errors import HostWriteError, KernelCallError, PathEscapeError
+from discovery.cpulist import CpuListError, parse_cpulist
+from discovery.hostfs import HostFS, HostReadError
+from discovery.runner import Runner, SubprocessRunner
+
+Ids = tuple[int, ...]
+
+# include/uapi/linux/mempolicy.h (kernel_interfaces.md §7.2).
+MPOL_DEFAULT = 0
+MPOL_PREFERRED = 1
+MPOL_BIND = 2
+MPOL_INTERLEAVE = 3
+MPOL_LOCAL = 4
+
+# kernel_interfaces.md §7.1; glibc wraps none of these.
+_SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {"set_mempolicy": 238, "get_mempolicy": 239, "migrate_pages": 256},
+    "aarch64": {"set_mempolicy": 237, "get_mempolicy": 236, "migrate_pages": 238},
+}
+_SYSCALLS["arm64"] = _SYSCALLS["aarch64"]
+
+# Enough for any kernel's MAX_NUMNODES (NODES_SHIFT ≤ 10) and below the one-page limit the kernel
+# puts on maxnode (§7.3).
+NODEMASK_BITS = 4096
+_WORD_BITS = 64
+
+# include/linux/sched.h: set for kernel threads; their affinity is not ours to change.
+PF_KTHREAD = 0x00200000
+
+# numa_maps and /proc/interrupts grow with the machine (one line per VMA, one column per CPU).
+MAX_PROC_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Affinities:
+    """Per-TID masks in the order asked; ``None`` where the call failed (its errno in ``errors``)."""
+
+    masks: list[set[int] | None]
+    errors: dict[int, int]
+
+
+class Kernel(Protocol):
+    def get_affinities(self, tids: Sequence[int]) -> Affinities: ...
+
+    def set_affinities(self, tids: Sequence[int], cpus: AbstractSet[int]) -> dict[int, int]:
+        """Set every TID's mask; returns {tid: errno} for the ones that failed."""
+        ...
+
+    def migrate_pages(self, pid: int, old_nodes: Iterable[int], new_nodes: Iterable[int]) -> int:
+        """migrate_pages(2): the number of pages that could not be moved."""
+        ...
+
+    def set_mempolicy(self, mode: int, nodes: Iterable[int]) -> None: ...
+
+    def get_mempolicy(self) -> tuple[int, Ids]: ...
+
+
+def nodemask(nodes: Iterable[int], bits: int = NODEMASK_BITS) -> tuple[ctypes.Array[ctypes.c_ulong], int]:
+    """An ``unsigned long`` bitmap and the ``maxnode`` to pass with it (bits + 1: the kernel reads
+    ``maxnode - 1`` bits, §7.3)."""
+    words = (ctypes.c_ulong * (bits // _WORD_BITS))()
+    for n in nodes:
+        if not 0 <= n < bits:
+            raise KernelCallError(f"nodemask (node {n})", 22)  # EINVAL, as the kernel would answer
+        words[n // _WORD_BITS] |= 1 << (n % _WORD_BITS)
+    return words, bits + 1
+
+
+def nodes_of(mask: Iterable[int]) -> Ids:
+    """Node ids set in an ``unsigned long`` bitmap."""
+    out: list[int] = []
+    for w, word in enumerate(mask):
+        bit = 0
+        while word:
+            if word & 1:
+                out.append(w * _WORD_BITS + bit)
+            word >>= 1
+            bit += 1
+    return tuple(out)
+
+
+class LinuxKernel:
+    """The real system calls: ``os.sched_*`` for affinity, ``syscall(2)`` through ctypes for the
+    mempolicy family (numbers per architecture from the notes)."""
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.syscall.restype = ctypes.c_long
+        self._nr = _SYSCALLS.get(platform.machine(), {})
+
+    def _syscall(self, name: str, *args: object) -> int:
+        nr = self._nr.get(name)
+        if nr is None:
+            raise KernelCallError(f"{name} (no syscall number for {platform.machine()})", 38)  # ENOSYS
+        ctypes.set_errno(0)
+        rc: int = self._libc.syscall(ctypes.c_long(nr), *args)
+        if rc < 0:
+            raise KernelCallError(name, ctypes.get_errno())
+        return rc
+
+    def get_affinities(self, tids: Sequence[int]) -> Affinities:
+        get = os.sched_getaffinity
+        try:
+            # map() instead of a loop: this runs once per thread of a possibly huge process.
+            return Affinities(list(map(get, tids)), {})
+        except OSError:
+            pass
+        masks: list[set[int] | None] = []
+        errors: dict[int, int] = {}
+        for tid in tids:
+            try:
+                masks.append(get(tid))
+            except OSError as exc:
+                masks.append(None)
+                errors[tid] = exc.errno or 0
+        return Affinities(masks, errors)
+
+    def set_affinities(self, tids: Sequence[int], cpus: AbstractSet[int]) -> dict[int, int]:
+        setaff = os.sched_setaffinity
+        try:
+            list(map(setaff, tids, itertools.repeat(cpus)))
+            return {}
+        except OSError:
+            pass
+        # Some thread failed (usually one that just exited): redo one by one to learn which, so the
+        # rest are still pinned. Setting a mask twice is harmless.
+        errors: dict[int, int] = {}
+        for tid in tids:
+            try:
+                setaff(tid, cpus)
+            except OSError as exc:
+                errors[tid] = exc.errno or 0
+        return errors
+
+    def migrate_pages(self, pid: int, old_nodes: Iterable[int], new_nodes: Iterable[int]) -> int:
+        old, maxnode = nodemask(old_nodes)
+        new, _ = nodemask(new_nodes)
+        return self._syscall("migrate_pages", ctypes.c_int(pid), ctypes.c_ulong(maxnode),
+                             ctypes.byref(old), ctypes.byref(new))
+
+    def set_mempolicy(self, mode: int, nodes: Iterable[int]) -> None:
+        mask, maxnode = nodemask(nodes)
+        self._syscall("set_mempolicy", ctypes.c_int(mode), ctypes.byref(mask), ctypes.c_ulong(maxnode))
+
+    def get_mempolicy(self) -> tuple[int, Ids]:
+        mode = ctypes.c_int(-1)
+        mask, maxnode = nodemask(())
+        self._syscall("get_mempolicy", ctypes.byref(mode), ctypes.byref(mask), ctypes.c_ulong(maxnode),
+                      ctypes.c_void_p(0), ctypes.c_ulong(0))
+        return mode.value, nodes_of(mask)
+
+
+# ---- files under a root ---------------------------------------------------------------------------
+def _check_rel(rel: str) -> str:
+    if "\0" in rel:
+        raise PathEscapeError(rel.replace("\0", "\\0"), "NUL in path")
+    if rel.startswith("/"):
+        raise PathEscapeError(rel, "absolute path; paths are relative to the host root")
+    if any(p in ("", ".", "..") for p in rel.split("/")):
+        raise PathEscapeError(rel, "empty, '.' or '..' path component")
+    return rel
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+class HostFiles:
+    """Reads anywhere under the root; writes only below the writable prefixes (root-relative)."""
+
+    def __init__(self, fs: HostFS, writable: Iterable[str] = ()) -> None:
+        self.fs = fs
+        self._root_real = os.path.realpath(fs.root)
+        self._writable: tuple[str, ...] = ()
+        self._writable_real: tuple[str, ...] = ()
+        self.allow_writes(writable)
+
+    @property
+    def writable(self) -> tuple[str, ...]:
+        return self._writable
+
+    def allow_writes(self, prefixes: Iterable[str]) -> None:
+        """Add write prefixes (found at run time: the cgroup mount comes from the mount table)."""
+        new = [_check_rel(p.strip("/")) for p in prefixes if p.strip("/")]
+        self._writable = tuple(dict.fromkeys((*self._writable, *new)))
+        self._writable_real = tuple(os.path.realpath(os.path.join(self._root_real, p)) for p in self._writable)
+
+    # Reads: HostFS's error type, plus a bigger limit for files that grow with the machine.
+    def read_text(self, rel: str) -> str:
+        return self.fs.read_text(rel)
+
+    def read_big(self, rel: str, limit: int = MAX_PROC_BYTES) -> str:
+        path = self.fs.path(rel)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)
+        except FileNotFoundError as exc:
+            raise HostReadError(rel, "missing") from exc
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+        if len(data) > limit:
+            raise HostReadError(rel, f"larger than {limit} bytes")
+        return data.decode("utf-8", "replace")
+
+    def read_ids(self, rel: str) -> Ids:
+        """A kernel list file (``0-3,8``)."""
+        text = self.fs.read_text(rel)
+        try:
+            return parse_cpulist(text)
+        except CpuListError as exc:
+            raise HostReadError(rel, str(exc)) from exc
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(rel)
+
+    def is_dir(self, rel: str) -> bool:
+        return self.fs.is_dir(rel)
+
+    def listdir(self, rel: str) -> list[str]:
+        try:
+            return self.fs.listdir(rel)
+        except HostReadError:
+            return []
+
+    def writable_by_us(self, rel: str) -> bool:
+        """access(W_OK): false on a read-only /proc or without privilege (root ignores mode bits)."""
+        try:
+            return os.access(os.path.join(self._root_real, _check_rel(rel)), os.W_OK)
+        except (PathEscapeError, OSError):
+            return False
+
+    def resolve_inside(self, rel: str, top: str) -> str | None:
+        """Why ``rel`` is not inside ``top`` once symlinks in its existing part are resolved, or None."""
+        try:
+            _check_rel(rel)
+        except PathEscapeError as exc:
+            return exc.reason
+        top_real = os.path.realpath(os.path.join(self._root_real, top))
+        # The deepest existing ancestor decides: a missing tail cannot hold a symlink yet.
+        probe = os.path.join(self._root_real, rel)
+        while not os.path.lexists(probe) and probe != self._root_real:
+            probe = os.path.dirname(probe)
+        if not _inside(os.path.realpath(probe), top_real):
+            return f"resolves outside /{top} (symlink)"
+        return None
+
+    # Writes: the checks, then one primitive.
+    def _check_real(self, rel: str, real: str) -> str:
+        if not any(_inside(real, p) for p in self._writable_real):
+            raise PathEscapeError(rel, "resolves outside the writable prefixes (symlink)")
+        return real
+
+    def _target(self, rel: str) -> str:
+        """The real path to write, or PathEscapeError. The prefix was resolved once; below it each
+        component is lstat'ed (cheaper than realpath's walk from /) and a symlink is followed and
+        checked again."""
+        _check_rel(rel)
+        found = next((i for i, p in enumerate(self._writable) if _inside(rel, p)), None)
+        if found is None:
+            raise PathEscapeError(rel, f"not below a writable prefix ({', '.join(self._writable) or 'none'})")
+        prefix, path = self._writable[found], self._writable_real[found]
+        below = rel[len(prefix):].strip("/")
+        comps = below.split("/") if below else []
+        for i, comp in enumerate(comps):
+            path = f"{path}/{comp}"
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                # Missing from here on: nothing below can be a symlink yet (mkdir creates, write fails).
+                rest = "/".join(comps[i + 1:])
+                return f"{path}/{rest}" if rest else path
+            if stat.S_ISLNK(mode):
+                path = self._check_real(rel, os.path.realpath(path))
+        return path
+
+    def write(self, rel: str, text: str) -> None:
+        path = self._target(rel)
+        try:
+            self._write(path, text.encode())
+        except OSError as exc:
+            raise HostWriteError.from_os(rel, exc) from exc
+
+    def mkdir(self, rel: str) -> None:
+        path = self._target(rel)
+        try:
+            self._mkdir(path)
+        except OSError as exc:
+            raise HostWriteError.from_os(rel, exc) from exc
+
+    def rmdir(self, rel: str) -> None:
+        path = self._target(rel)
+        try:
+            self._rmdir(path)
+        except OSError as exc:
+            raise HostWriteError.from_os(rel, exc) from exc
+
+    def _write(self, path: str, data: bytes) -> None:
+        # One write(2): kernel attribute files parse exactly one buffer per call. No O_CREAT: a
+        # missing attribute means the wrong path, never a file to make.
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def _mkdir(self, path: str) -> None:
+        os.mkdir(path, 0o755)
+
+    def _rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+
+# ---- processes ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    flags: int
+    num_threads: int
+    # Clock ticks after boot: with the pid it names one process for its whole life (pids recycle).
+    starttime: int
+
+    @property
+    def is_kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
+
+
+def parse_stat(text: str) -> ProcStat | None:
+    """``/proc/PID/stat``; the comm may hold spaces and parentheses, so split at the last ')'."""
+    head, sep, tail = text.rpartition(")")
+    pid_s, paren, comm = head.partition(" (")
+    rest = tail.split()
+    if not sep or not paren or len(rest) < 20:
+        return None
+    try:
+        return ProcStat(int(pid_s), comm, rest[0], int(rest[1]), int(rest[6]), int(rest[17]), int(rest[19]))
+    except ValueError:
+        return None
+
+
+_NUMA_N = re.compile(r"(?:^|\s)N(\d{1,5})=(\d{1,20})(?=\s|$)")
+
+
+def parse_numa_maps(text: str) -> dict[int, int]:
+    """Pages per node summed over every mapping (``N<node>=<pages>`` tokens, §7.6). Garbage → {}."""
+    out: dict[int, int] = {}
+    for node_s, pages_s in _NUMA_N.findall(text):
+        node = int(node_s)
+        out[node] = out.get(node, 0) + int(pages_s)
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class ProcCgroups:
+    """A process's cgroup paths from ``/proc/PID/cgroup``: the v1 cpuset line and the v2 line."""
+
+    v1_cpuset: str | None
+    v2: str | None
+
+
+def parse_proc_cgroup(text: str) -> ProcCgroups:
+    v1: str | None = None
+    v2: str | None = None
+    for line in text.split("\n"):
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hier, controllers, path = parts
+        path = path.removesuffix(" (deleted)")
+        if hier == "0" and controllers == "":
+            v2 = path
+        elif "cpuset" in controllers.split(","):
+            v1 = path
+    return ProcCgroups(v1, v2)
+
+
+class Procs:
+    """Process state under the root. Missing processes are ``None``/empty, never an exception."""
+
+    def __init__(self, files: HostFiles) -> None:
+        self.files = files
+
+    def stat(self, pid: int) -> ProcStat | None:
+        try:
+            return parse_stat(self.files.read_text(f"proc/{pid}/stat"))
+        except HostReadError:
+            return None
+
+    def starttime(self, pid: int) -> int | None:
+        st = self.stat(pid)
+        return st.starttime if st is not None else None
+
+    def tids(self, pid: int) -> list[int]:
+        # os.listdir directly: HostFS sorts, and this runs on processes with thousands of threads.
+        try:
+            names = os.listdir(self.files.fs.path(f"proc/{pid}/task"))
+        except (OSError, HostReadError):
+            return []
+        try:
+            return list(map(int, names))
+        except ValueError:  # not procfs: keep what looks like a tid
+            return [int(n) for n in names if n.isdigit()]
+
+    def comm(self, pid: int, tid: int) -> str | None:
+        try:
+            return self.files.read_text(f"proc/{pid}/task/{tid}/comm").rstrip("\n")
+        except HostReadError:
+            return None
+
+    def status(self, pid: int) -> dict[str, str]:
+        try:
+            text = self.files.read_text(f"proc/{pid}/status")
+        except HostReadError:
+            return {}
+        out: dict[str, str] = {}
+        for line in text.split("\n"):
+            key, sep, value = line.partition(":")
+            if sep:
+                out[key] = value.strip()
+        return out
+
+    def cgroups(self, pid: int) -> ProcCgroups | None:
+        try:
+            return parse_proc_cgroup(self.files.read_text(f"proc/{pid}/cgroup"))
+        except HostReadError:
+            return None
+
+    def numa_pages(self, pid: int) -> dict[int, int] | None:
+        try:
+            return parse_numa_maps(self.files.read_big(f"proc/{pid}/numa_maps"))
+        except HostReadError:
+            return None
+
+    def pids(self) -> list[int]:
+        return [int(n) for n in self.files.listdir("proc") if n.isdigit()]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host as the engine sees it: its system calls, its files, and its tools (systemctl)."""
+
+    kernel: Kernel
+    files: HostFiles
+    runner: Runner = field(default_factory=SubprocessRunner)
+    # Where /proc/PID is read when it is not under ``files`` (an agent in a container with the
+    # host's /proc mounted elsewhere; a benchmark with real processes and a fake IRQ tree).
+    proc_files: HostFiles | None = None
+
+    @functools.cached_property
+    def procs(self) -> Procs:
+        return Procs(self.proc_files or self.files)
+
+    @classmethod
+    def live(cls) -> Host:
+        return cls(LinuxKernel(), HostFiles(HostFS.at("/")))

@@ -1,0 +1,35 @@
+"""Plans in and results out as proto3 JSON (snake_case field names, as ``memtopo topo`` prints)."""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from apply.errors import PlanFormatError
+from memtopo.v1 import plan_pb2 as planpb
+
+MAX_PLAN_BYTES = 16 << 20
+
+
+def load_plan(text: str | bytes) -> planpb.BindingPlan:
+    """A BindingPlan from proto3 JSON; unknown fields and wrong types are errors, not ignored."""
+    if len(text) > MAX_PLAN_BYTES:
+        raise PlanFormatError(f"plan is larger than {MAX_PLAN_BYTES} bytes")
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise PlanFormatError(f"plan is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise PlanFormatError(f"plan must be a JSON object, got {type(obj).__name__}")
+    plan = planpb.BindingPlan()
+    try:
+        json_format.ParseDict(obj, plan)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise PlanFormatError(f"not a BindingPlan: {exc}") from exc
+    return plan
+
+
+def to_json(msg: Message) -> str:
+    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=2)
