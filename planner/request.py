@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from discovery.cpulist import CpuListError, parse_cpulist
 from planner.errors import PlanError
@@ -121,3 +121,28 @@ def id_mask(raw: Any, limit: int) -> int:
             return -1
         mask |= 1 << i
     return mask
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def get_named_nodes[N: _Named](obj: Mapping[str, Any], parse_node: Callable[[Any], N]) -> tuple[N, ...]:
+    """The request's non-empty ``nodes`` list, each parsed by ``parse_node``, names unique; an error
+    in a node is re-raised with its position (``nodes[3].available: …``)."""
+    items = get_list(obj, "nodes")
+    if not items:
+        raise PlanError("invalid_request", "nodes: at least one node is required")
+    nodes: list[N] = []
+    names: set[str] = set()
+    for index, item in enumerate(items):
+        try:
+            node = parse_node(item)
+        except PlanError as exc:
+            raise PlanError(exc.code, f"nodes[{index}].{exc.message}") from None
+        if node.name in names:
+            raise PlanError("invalid_request", f"nodes[{index}].name: {node.name!r} appears twice")
+        names.add(node.name)
+        nodes.append(node)
+    return tuple(nodes)

@@ -24,7 +24,16 @@ from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
 from planner.errors import PlanError
-from planner.request import as_object, get_bool, get_int, get_int_list, get_list, get_str, id_mask, reject_unknown
+from planner.request import (
+    as_object,
+    get_bool,
+    get_int,
+    get_int_list,
+    get_named_nodes,
+    get_str,
+    id_mask,
+    reject_unknown,
+)
 
 DEVICES = 8
 HALF = 4
@@ -314,21 +323,7 @@ def parse_request(obj: Any) -> Request:
     if n not in REQUEST_SIZES:
         raise _request_error(n)
     fallback = get_bool(body, "cross_half_fallback", False)
-    items = get_list(body, "nodes")
-    if not items:
-        raise PlanError("invalid_request", "nodes: at least one node is required")
-    nodes: list[Node] = []
-    names: set[str] = set()
-    for index, item in enumerate(items):
-        try:
-            node = _parse_node(item)
-        except PlanError as exc:
-            raise PlanError(exc.code, f"nodes[{index}].{exc.message}") from None
-        if node.name in names:
-            raise PlanError("invalid_request", f"nodes[{index}].name: {node.name!r} appears twice")
-        names.add(node.name)
-        nodes.append(node)
-    return Request(n, tuple(nodes), fallback)
+    return Request(n, get_named_nodes(body, _parse_node), fallback)
 
 
 # --- ranking ------------------------------------------------------------------------------------
