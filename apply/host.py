@@ -31,6 +31,7 @@ from typing import Protocol
 from apply.errors import HostWriteError, KernelCallError, PathEscapeError
 from discovery.cpulist import CpuListError, parse_cpulist
 from discovery.hostfs import HostFS, HostReadError
+from discovery.proc_allowed import ProcCgroups, parse_proc_cgroup
 from discovery.runner import Runner, SubprocessRunner
 
 Ids = tuple[int, ...]
@@ -380,30 +381,6 @@ def parse_numa_maps(text: str) -> dict[int, int]:
         node = int(node_s)
         out[node] = out.get(node, 0) + int(pages_s)
     return dict(sorted(out.items()))
-
-
-@dataclass(frozen=True)
-class ProcCgroups:
-    """A process's cgroup paths from ``/proc/PID/cgroup``: the v1 cpuset line and the v2 line."""
-
-    v1_cpuset: str | None
-    v2: str | None
-
-
-def parse_proc_cgroup(text: str) -> ProcCgroups:
-    v1: str | None = None
-    v2: str | None = None
-    for line in text.split("\n"):
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hier, controllers, path = parts
-        path = path.removesuffix(" (deleted)")
-        if hier == "0" and controllers == "":
-            v2 = path
-        elif "cpuset" in controllers.split(","):
-            v1 = path
-    return ProcCgroups(v1, v2)
 
 
 class Procs:

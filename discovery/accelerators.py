@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from discovery.parts import AccelDevice, AcceleratorPart, HwlocPart, HwlocPci, Ids, PciInfo, SysPci
 from discovery.pci_ids import classify
+from discovery.sysfs_pci import bdf_sort_key
 from memtopo.v1 import topology_pb2 as pb
 
 _KIND = {"GPU": pb.ACCELERATOR_KIND_GPU, "NPU": pb.ACCELERATOR_KIND_NPU, "XPU": pb.ACCELERATOR_KIND_XPU}
@@ -157,7 +158,7 @@ def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], h
             if rec.bdf:
                 claimed.add(rec.bdf)
     gpu_memory = _hwloc_gpu_memory_nodes(hw)
-    for view in sorted(views.values(), key=lambda v: _bdf_key(v.bdf)):
+    for view in sorted(views.values(), key=lambda v: bdf_sort_key(v.bdf)):
         if view.bdf in claimed:
             continue
         kind = _PCI_ACCEL.get(classify(view.vendor_id, view.device_id, view.class_code))
@@ -387,12 +388,3 @@ def _unified_groups(records: Iterable[Record], node_memory: Mapping[int, int]) -
             groups.remove(g)
         groups.append(nodes)
     return tuple(sorted(tuple(sorted(g)) for g in groups))
-
-
-def _bdf_key(bdf: str) -> tuple[int, ...]:
-    try:
-        dom, bus, devfn = bdf.split(":")
-        dev, fn = devfn.split(".")
-        return int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)
-    except ValueError:
-        return (1 << 32,)

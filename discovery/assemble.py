@@ -33,6 +33,7 @@ from discovery.parts import (
 )
 from discovery.pci_ids import classify
 from discovery.source import ProbeResult, SourceStatus, State
+from discovery.sysfs_pci import bdf_sort_key
 from memtopo.v1 import topology_pb2 as pb
 
 # hwloc's own rule for calling memory HBM from bandwidth: more than twice the DRAM figure.
@@ -587,7 +588,7 @@ def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, cpu_
         for m in dev.mdevs:
             p.mdevs.add(uuid=m.uuid, mdev_type=m.mdev_type, parent=m.parent, numa_node=m.numa_node)
     # Devices only hwloc knows (XML input): their node is hwloc's locality when it names one CPU node.
-    for bdf in sorted(set(hw_pci) - seen, key=_bdf_key):
+    for bdf in sorted(set(hw_pci) - seen, key=bdf_sort_key):
         h = hw_pci[bdf]
         topo.pci_devices.add(
             bdf=h.bdf, vendor_id=h.vendor_id, device_id=h.device_id,
@@ -597,12 +598,6 @@ def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, cpu_
             local_cpus=h.cpuset, local_numa_nodes=h.nodeset,
             link_speed=f"{h.link_speed_gbps:g} GB/s" if h.link_speed_gbps else "",
             os_devices=sorted(o.name for o in h.os_devices))
-
-
-def _bdf_key(bdf: str) -> tuple[int, ...]:
-    dom, bus, devfn = bdf.split(":")
-    dev, fn = devfn.split(".")
-    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)
 
 
 def _cpus_and_allowed(topo: pb.MemoryTopology, numa: SysNuma | None, hw: HwlocPart | None,

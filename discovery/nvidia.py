@@ -81,7 +81,7 @@ from discovery.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulis
 from discovery.hostfs import HostReadError
 from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysNuma
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from discovery.sysfs_pci import normalize_bdf, parse_bdf
+from discovery.sysfs_pci import bdf_sort_key, normalize_bdf
 
 SOURCE = "nvidia"
 
@@ -889,10 +889,6 @@ def _read_procfs(ctx: ProbeContext, sb: StatusBuilder) -> dict[str, NumaStatus |
     return out
 
 
-def _bdf_key(bdf: str) -> tuple[int, ...]:
-    return parse_bdf(bdf) or (1 << 32,)
-
-
 def _merge_procfs(gpus: list[_Gpu], procfs: Mapping[str, NumaStatus | None], *, nvml_answered: bool,
                   sb: StatusBuilder) -> list[_Gpu]:
     """numa_status into the NVML devices (by BDF), and GPUs only procfs knows as devices of their own."""
@@ -907,7 +903,7 @@ def _merge_procfs(gpus: list[_Gpu], procfs: Mapping[str, NumaStatus | None], *, 
         sb.problem(f"{PROC_GPUS} lists {', '.join(sorted(remaining))}, not matched to NVML devices")
         return gpus
     out = list(gpus)
-    for bdf in sorted(remaining, key=_bdf_key):
+    for bdf in sorted(remaining, key=bdf_sort_key):
         if nvml_answered:
             sb.problem(f"GPU {bdf} is in {PROC_GPUS} but not in NVML")
         # NVML and nvidia-smi enumerate in PCI bus order, the best guess at the index NVML would give.

@@ -139,10 +139,33 @@ def _unescape(field: str) -> str:
     return field
 
 
-def _self_cgroups(ctx: ProbeContext, sb: StatusBuilder) -> tuple[str | None, str | None]:
-    """(v1 cpuset path, v2 path) from /proc/self/cgroup; falls back to /proc/self/cpuset for both."""
+@dataclass(frozen=True)
+class ProcCgroups:
+    """A process's cgroup paths from ``/proc/PID/cgroup``: the v1 cpuset line and the v2 line."""
+
+    v1_cpuset: str | None
+    v2: str | None
+
+
+def parse_proc_cgroup(text: str) -> ProcCgroups:
     v1: str | None = None
     v2: str | None = None
+    for line in text.split("\n"):
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hier, controllers, path = parts
+        # A task whose cgroup was removed shows "<path> (deleted)".
+        path = path.removesuffix(" (deleted)")
+        if hier == "0" and controllers == "":
+            v2 = path
+        elif "cpuset" in controllers.split(","):
+            v1 = path
+    return ProcCgroups(v1, v2)
+
+
+def _self_cgroups(ctx: ProbeContext, sb: StatusBuilder) -> tuple[str | None, str | None]:
+    """(v1 cpuset path, v2 path) from /proc/self/cgroup; falls back to /proc/self/cpuset for both."""
     try:
         text = ctx.fs.read_text(CGROUP)
     except HostReadError as exc:
@@ -150,18 +173,8 @@ def _self_cgroups(ctx: ProbeContext, sb: StatusBuilder) -> tuple[str | None, str
             sb.problem(exc)
         text = None
     if text is not None:
-        for line in text.split("\n"):
-            parts = line.split(":", 2)
-            if len(parts) != 3:
-                continue
-            hier, controllers, path = parts
-            # A task whose cgroup was removed shows "<path> (deleted)".
-            path = path.removesuffix(" (deleted)")
-            if hier == "0" and controllers == "":
-                v2 = path
-            elif "cpuset" in controllers.split(","):
-                v1 = path
-        return v1, v2
+        found = parse_proc_cgroup(text)
+        return found.v1_cpuset, found.v2
     try:
         cpuset = ctx.fs.read_attr(SELF_CPUSET)
     except HostReadError as exc:

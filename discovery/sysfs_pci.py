@@ -41,6 +41,11 @@ def parse_bdf(name: str) -> tuple[int, int, int, int] | None:
     return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
 
 
+def bdf_sort_key(bdf: str) -> tuple[int, ...]:
+    """Numeric PCI order; anything that is not a BDF sorts last."""
+    return parse_bdf(bdf) or (1 << 32,)
+
+
 def normalize_bdf(text: str) -> str | None:
     """A BDF as vendor tools print it → the kernel's spelling; None if it is not one.
 

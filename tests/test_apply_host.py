@@ -21,7 +21,6 @@ from apply.host import (
     nodemask,
     nodes_of,
     parse_numa_maps,
-    parse_proc_cgroup,
     parse_stat,
 )
 from apply.irqs import parse_interrupts
@@ -38,6 +37,7 @@ from apply.undo import (
     to_json,
 )
 from discovery.hostfs import HostFS
+from discovery.proc_allowed import parse_proc_cgroup
 from tests.sysfs_tree import write_tree
 
 # ---- write confinement -----------------------------------------------------------------------------
