@@ -109,11 +109,11 @@ def tree(host: SynthHost) -> dict[str, Content]:
                                     f"Node {node.id} MemFree:        {kb // 2} kB\n"
                                     f"Node {node.id} MemUsed:        {kb - kb // 2} kB\n")
         cpus = sorted(node.cpus)
+        package_cpus = sorted(c for n in host.nodes if n.package == node.package for c in n.cpus)
         # Sibling threads are numbered core-major within a node: cpus[k*tpc : (k+1)*tpc] share a core.
         for k, cpu in enumerate(cpus):
             core = k // tpc
             siblings = cpus[core * tpc:(core + 1) * tpc]
-            package_cpus = sorted(c for n in host.nodes if n.package == node.package for c in n.cpus)
             t = f"{cpu_dir}/cpu{cpu}/topology"
             files[f"{t}/physical_package_id"] = str(node.package)
             files[f"{t}/die_id"] = "0"
