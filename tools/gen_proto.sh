@@ -8,7 +8,7 @@ out=memtopo/v1
 gen() {
   local dest=$1
   "$py" -m grpc_tools.protoc -I proto \
-    --python_out="$dest" --mypy_out="$dest" --grpc_python_out="$dest" \
+    --python_out="$dest" --mypy_out="$dest" --mypy_grpc_out="$dest" --grpc_python_out="$dest" \
     proto/memtopo/v1/*.proto
 }
 if [[ "${1:-}" == "--check" ]]; then

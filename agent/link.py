@@ -1,0 +1,240 @@
+"""The agent's long-lived link to the controller (Controller.Connect), reconnecting forever.
+
+Protocol (docs/controller.md): hello first; the controller answers ack or snapshot_request; the
+agent sends a full snapshot on request and on every new generation, heartbeats between, and the
+result of every plan the controller sends down.
+
+Nothing queues without bound while disconnected: a topology is never queued at all, only the
+fact that the controller must get the latest one (the snapshot is read from the state at send
+time, so updates coalesce to the newest); plan results wait in a small bounded deque and stay in
+the engine's state directory anyway (a resubmitted plan id answers with the stored result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from memtopo.v1 import agent_pb2 as apb
+from memtopo.v1 import agent_pb2_grpc
+from memtopo.v1 import plan_pb2 as planpb
+
+from .state import Published, TopologyState
+
+log = structlog.get_logger("memtopo.link")
+
+PlanHandler = Callable[[planpb.BindingPlan, bool], Awaitable[planpb.PlanResult]]
+
+# Keepalive pings notice a controller that vanished without closing the TCP connection.
+CHANNEL_OPTIONS = (
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+)
+MAX_PENDING_RESULTS = 256
+
+
+class LinkState(enum.StrEnum):
+    DISCONNECTED = "disconnected"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial: float = 0.5
+    maximum: float = 30.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Exponential, capped, with jitter over the upper half so a restarted controller is not met
+        by every agent of the fleet in the same instant."""
+        cap = min(self.maximum, self.initial * (2 ** min(attempt, 30)))
+        return rng.uniform(cap / 2, cap)
+
+
+def _now() -> Timestamp:
+    ts = Timestamp()
+    ts.GetCurrentTime()
+    return ts
+
+
+class ControllerLink:
+    def __init__(self, address: str, state: TopologyState, node_name: str, boot_id: str,
+                 plans: PlanHandler, *, credentials: grpc.ChannelCredentials | None = None,
+                 heartbeat_seconds: float = 10.0, backoff: Backoff | None = None,
+                 on_state: Callable[[LinkState], None] | None = None,
+                 on_reconnect: Callable[[], None] | None = None, version: str = "") -> None:
+        self.address = address
+        self.state = state
+        self.node_name = node_name
+        self.boot_id = boot_id
+        self.plans = plans
+        self.credentials = credentials
+        self.heartbeat_seconds = heartbeat_seconds
+        self.backoff = backoff or Backoff()
+        self.on_state = on_state
+        self.on_reconnect = on_reconnect
+        self.version = version
+        self.link_state = LinkState.DISCONNECTED
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._snapshot_wanted = True
+        self._sent_generation = 0
+        self._results: deque[planpb.PlanResult] = deque(maxlen=MAX_PENDING_RESULTS)
+        self._plan_tasks: set[asyncio.Task[None]] = set()
+        self._rng = random.Random()  # noqa: S311 - jitter, not security
+        self.sessions = 0
+        state.add_listener(self._on_publish)
+
+    # ---- public -----------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Connect, serve the session, back off, repeat — until stop()."""
+        attempt = 0
+        while not self._stop.is_set():
+            self._set_state(LinkState.CONNECTING)
+            productive = False
+            try:
+                productive = await self._session()
+            except grpc.aio.AioRpcError as exc:
+                log.info("controller_link_lost", address=self.address, code=exc.code().name,
+                         details=exc.details())
+            except (OSError, grpc.RpcError) as exc:  # channel set-up failures
+                log.info("controller_link_lost", address=self.address, error=str(exc))
+            self._set_state(LinkState.DISCONNECTED)
+            if self._stop.is_set():
+                break
+            attempt = 0 if productive else attempt + 1
+            if self.on_reconnect is not None:
+                self.on_reconnect()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.backoff.delay(attempt, self._rng))
+
+    async def stop(self) -> None:
+        """Let in-flight plans finish and report, then close the stream cleanly."""
+        if self._plan_tasks:
+            await asyncio.gather(*self._plan_tasks, return_exceptions=True)
+        self._stop.set()
+        self._wake.set()
+
+    # ---- internals --------------------------------------------------------------------------------
+    def _set_state(self, new: LinkState) -> None:
+        if new != self.link_state:
+            self.link_state = new
+            if self.on_state is not None:
+                self.on_state(new)
+
+    def _on_publish(self, pub: Published) -> None:
+        self._wake.set()
+
+    def _hello(self) -> apb.AgentMessage:
+        cur = self.state.current
+        return apb.AgentMessage(sent=_now(), hello=apb.AgentHello(
+            node_name=self.node_name, agent_instance_id=self.state.instance_id, boot_id=self.boot_id,
+            generation=cur.generation if cur else 0, fingerprint=cur.fingerprint if cur else "",
+            agent_version=self.version))
+
+    async def _session(self) -> bool:
+        """One connection. Returns True when the controller answered (the backoff starts over)."""
+        options = list(CHANNEL_OPTIONS)
+        channel = (grpc.aio.secure_channel(self.address, self.credentials, options=options)
+                   if self.credentials is not None else grpc.aio.insecure_channel(self.address, options=options))
+        async with channel:
+            call = agent_pb2_grpc.ControllerStub(channel).Connect()
+            await call.write(self._hello())
+            # The hello told the controller which generation we hold; it asks for the snapshot if it
+            # lacks it, and anything newer is sent by the writer below.
+            self._snapshot_wanted = False
+            self._sent_generation = self.state.generation
+            reader = asyncio.create_task(self._read(call))
+            writer = asyncio.create_task(self._write(call))
+            stopper = asyncio.create_task(self._stop.wait())
+            try:
+                done, _ = await asyncio.wait({reader, writer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    writer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+                        await writer
+                    with contextlib.suppress(grpc.RpcError):
+                        await call.done_writing()
+                    with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+                        await asyncio.wait_for(reader, 2.0)
+                    log.info("controller_link_closed", address=self.address)
+                    return True
+                for task in done:
+                    task.result()  # re-raise what ended the session
+                return reader.result() if reader in done else False
+            finally:
+                for task in (reader, writer, stopper):
+                    task.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.gather(reader, writer, stopper, return_exceptions=True)
+                call.cancel()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall[apb.AgentMessage, apb.ControllerMessage]) -> bool:
+        answered = False
+        async for msg in call:
+            kind = msg.WhichOneof("message")
+            if not answered:
+                answered = True
+                self.sessions += 1
+                self._set_state(LinkState.CONNECTED)
+                log.info("controller_link_up", address=self.address, node=self.node_name,
+                         generation=self.state.generation)
+            if kind == "snapshot_request":
+                log.info("snapshot_requested", reason=msg.snapshot_request.reason)
+                self._snapshot_wanted = True
+                self._wake.set()
+            elif kind == "plan":
+                task = asyncio.create_task(self._run_plan(msg.plan))
+                self._plan_tasks.add(task)
+                task.add_done_callback(self._plan_tasks.discard)
+        return answered
+
+    async def _run_plan(self, req: apb.PlanRequest) -> None:
+        try:
+            result = await self.plans(req.plan, req.dry_run)
+        except Exception as exc:  # the engine reports failures in results; this is a bug guard
+            log.error("plan_crashed", plan_id=req.plan.plan_id, error=repr(exc))
+            result = planpb.PlanResult(plan_id=req.plan.plan_id, state=planpb.PlanResult.STATE_FAILED,
+                                       message=f"agent error: {exc!r}")
+        self._results.append(result)
+        self._wake.set()
+
+    async def _write(self, call: grpc.aio.StreamStreamCall[apb.AgentMessage, apb.ControllerMessage]) -> None:
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + self.heartbeat_seconds
+        while True:
+            timeout = max(0.0, next_beat - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            sent = False
+            cur = self.state.current
+            if cur is not None and (self._snapshot_wanted or cur.generation > self._sent_generation):
+                self._snapshot_wanted = False
+                self._sent_generation = cur.generation
+                await call.write(apb.AgentMessage(sent=_now(), snapshot=cur.topology))
+                log.debug("snapshot_sent", generation=cur.generation)
+                sent = True
+            while self._results:
+                await call.write(apb.AgentMessage(sent=_now(), plan_result=self._results[0]))
+                self._results.popleft()
+                sent = True
+            if not sent and loop.time() >= next_beat:
+                await call.write(apb.AgentMessage(sent=_now(), heartbeat=apb.AgentHeartbeat(
+                    generation=cur.generation if cur else 0, fingerprint=cur.fingerprint if cur else "")))
+                sent = True
+            if sent:
+                next_beat = loop.time() + self.heartbeat_seconds

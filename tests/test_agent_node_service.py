@@ -1,0 +1,181 @@
+"""NodeAgent over a real grpc.aio server on a Unix socket, with the apply engine on a fake host."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+
+from agent.node_service import NodeAgentService, PlanRunner
+from agent.state import TopologyState
+from memtopo.v1 import agent_pb2 as apb
+from memtopo.v1 import agent_pb2_grpc
+from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
+from tests import apply_fakes as fk
+
+if TYPE_CHECKING:
+    from memtopo.v1.agent_pb2_grpc import NodeAgentAsyncStub
+
+
+def topo(name: str, fingerprint: str) -> pb.MemoryTopology:
+    t = fk.topology()
+    t.node_name = name
+    t.fingerprint = fingerprint
+    return t
+
+
+Body = Callable[["NodeAgentAsyncStub", TopologyState, fk.FakeMachine], Awaitable[None]]
+
+
+def run(tmp_path: Path, body: Body, deny: str | None = None, heartbeat: float = 30.0) -> None:
+    async def main() -> None:
+        m = fk.machine(tmp_path)
+        state = TopologyState()
+        runner = PlanRunner(m.engine())
+        service = NodeAgentService(state, runner, lambda ctx: deny, heartbeat_seconds=heartbeat)
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((service.handler(),))
+        sock = tmp_path / "agent.sock"
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+                await body(agent_pb2_grpc.NodeAgentStub(channel), state, m)
+        finally:
+            state.close()
+            await server.stop(0.5)
+
+    asyncio.run(main())
+
+
+def test_get_topology_is_unavailable_until_the_first_discovery_then_serves_it(tmp_path: Path) -> None:
+    async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetTopology(apb.GetTopologyRequest())
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        state.publish(topo("n1", "a" * 64))
+        got = await stub.GetTopology(apb.GetTopologyRequest())
+        assert (got.node_name, got.generation, got.fingerprint) == ("n1", 1, "a" * 64)
+        assert list(got.allowed_cpus) == list(fk.topology().allowed_cpus)
+
+    run(tmp_path, body)
+
+
+def test_publish_only_advances_the_generation_when_the_fingerprint_changes() -> None:
+    async def main() -> None:
+        state = TopologyState()
+        assert state.publish(topo("n", "a")) is not None
+        assert state.publish(topo("n", "a")) is None
+        pub = state.publish(topo("n", "b"))
+        assert pub is not None and pub.generation == 2 == state.generation
+        assert pb.MemoryTopology.FromString(pub.payload).generation == 2
+
+    asyncio.run(main())
+
+
+def events(stub: NodeAgentAsyncStub, req: apb.WatchTopologyRequest) -> AsyncIterator[apb.TopologyEvent]:
+    stream: AsyncIterator[apb.TopologyEvent] = stub.WatchTopology(req).__aiter__()
+    return stream
+
+
+async def _next(stream: AsyncIterator[apb.TopologyEvent]) -> apb.TopologyEvent:
+    return await asyncio.wait_for(anext(stream), 5)
+
+
+def test_watch_sends_the_snapshot_then_each_new_generation(tmp_path: Path) -> None:
+    async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(topo("n1", "a"))
+        stream = events(stub, apb.WatchTopologyRequest())
+        first = await _next(stream)
+        assert first.WhichOneof("event") == "snapshot"
+        assert (first.generation, first.snapshot.fingerprint, first.agent_instance_id) == (1, "a", state.instance_id)
+        state.publish(topo("n1", "a"))  # same content: no event
+        state.publish(topo("n1", "b"))
+        second = await _next(stream)
+        assert (second.WhichOneof("event"), second.generation, second.snapshot.fingerprint) == ("snapshot", 2, "b")
+
+    run(tmp_path, body)
+
+
+def test_watch_resumes_without_a_resend_when_the_client_is_current(tmp_path: Path) -> None:
+    async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(topo("n1", "a"))
+        current = apb.WatchTopologyRequest(agent_instance_id=state.instance_id, generation=1, fingerprint="a")
+        first = await _next(events(stub, current))
+        assert first.WhichOneof("event") == "unchanged" and first.generation == 1
+        # Another instance's generation 1 is not ours: full snapshot.
+        other = apb.WatchTopologyRequest(agent_instance_id="old-agent", generation=1, fingerprint="a")
+        assert (await _next(events(stub, other))).WhichOneof("event") == "snapshot"
+        stale = apb.WatchTopologyRequest(agent_instance_id=state.instance_id, generation=1, fingerprint="x")
+        assert (await _next(events(stub, stale))).WhichOneof("event") == "snapshot"
+
+    run(tmp_path, body)
+
+
+def test_watch_heartbeats_while_idle_and_says_closing_at_shutdown(tmp_path: Path) -> None:
+    async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(topo("n1", "a"))
+        stream = events(stub, apb.WatchTopologyRequest())
+        await _next(stream)
+        beat = await _next(stream)
+        assert beat.WhichOneof("event") == "heartbeat" and beat.generation == 1 and not beat.HasField("snapshot")
+        state.close()
+        last = await _next(stream)
+        assert last.WhichOneof("event") == "closing" and last.closing.reason
+        with pytest.raises(StopAsyncIteration):
+            await _next(stream)
+
+    run(tmp_path, body, heartbeat=0.05)
+
+
+def _pin_plan(plan_id: str) -> planpb.BindingPlan:
+    return fk.plan(plan_id, fk.threads("pin", 100, [2, 3], all=True))
+
+
+def test_apply_plan_runs_the_engine_once_per_plan_id(tmp_path: Path) -> None:
+    async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(fk.topology())
+        res = await stub.ApplyPlan(apb.ApplyPlanRequest(plan=_pin_plan("p1")))
+        assert res.state == planpb.PlanResult.STATE_APPLIED
+        assert m.kernel.masks[100] == {2, 3}
+        calls = len(m.kernel.mutations())
+        again = await stub.ApplyPlan(apb.ApplyPlanRequest(plan=_pin_plan("p1")))
+        assert again.state == planpb.PlanResult.STATE_APPLIED and "seen before" in again.message
+        assert len(m.kernel.mutations()) == calls  # not applied a second time
+        stored = await stub.GetPlanResult(apb.GetPlanResultRequest(plan_id="p1"))
+        assert stored.plan_id == "p1" and stored.state == planpb.PlanResult.STATE_APPLIED
+        listed = await stub.ListPlans(apb.ListPlansRequest())
+        assert [p.plan_id for p in listed.plans] == ["p1"]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetPlanResult(apb.GetPlanResultRequest(plan_id="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+    run(tmp_path, body)
+
+
+def test_apply_plan_refuses_unauthorized_peers_and_stale_generations(tmp_path: Path) -> None:
+    async def denied(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(fk.topology())
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ApplyPlan(apb.ApplyPlanRequest(plan=_pin_plan("p1")))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "uid 1000" in (err.value.details() or "")
+        assert m.kernel.mutations() == []
+
+    run(tmp_path, denied, deny="uid 1000 is not root and not in group memtopo")
+
+    async def stale(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(fk.topology())
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ApplyPlan(apb.ApplyPlanRequest(plan=_pin_plan("p2"), expected_generation=7))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ok = await stub.ApplyPlan(apb.ApplyPlanRequest(plan=_pin_plan("p2"), expected_generation=1, dry_run=True))
+        assert ok.state == planpb.PlanResult.STATE_DRY_RUN
+
+    (tmp_path / "b").mkdir()
+    run(tmp_path / "b", stale)
