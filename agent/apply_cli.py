@@ -45,7 +45,7 @@ STATE_DIR_ENV = "MEMTOPO_STATE_DIR"
 S = planpb.ActionResult
 P = planpb.PlanResult
 
-_OK_STATES = (P.STATE_APPLIED, P.STATE_UNCHANGED, P.STATE_DRY_RUN)
+OK_STATES = (P.STATE_APPLIED, P.STATE_UNCHANGED, P.STATE_DRY_RUN)
 
 
 def add_commands(subparsers: Any) -> None:
@@ -118,7 +118,7 @@ def _engine(args: argparse.Namespace) -> Engine:
                   hook=_pause_hook())
 
 
-def _read_plan(source: str) -> planpb.BindingPlan:
+def read_plan(source: str) -> planpb.BindingPlan:
     if source == "-":
         return load_plan(sys.stdin.read())
     try:
@@ -130,7 +130,7 @@ def _read_plan(source: str) -> planpb.BindingPlan:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     try:
-        plan = _read_plan(args.plan)
+        plan = read_plan(args.plan)
         engine = _engine(args)
         recovered = [] if args.dry_run else engine.recover()
         result = engine.apply(plan, dry_run=args.dry_run)
@@ -140,7 +140,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for r in recovered:
         print(f"memtopo: recovered unfinished plan {r.plan_id}: {P.State.Name(r.state)}: {r.message}", file=sys.stderr)
     _emit(result, args.format, plan)
-    return EXIT_OK if result.state in _OK_STATES else EXIT_NOT_APPLIED
+    return EXIT_OK if result.state in OK_STATES else EXIT_NOT_APPLIED
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

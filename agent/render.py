@@ -41,7 +41,7 @@ def _perf(p: pb.LinkPerformance) -> str:
     return f"{f'{bw} MB/s' if bw else '? MB/s'} {f'{lat} ns' if lat else '? ns'} ({src})"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     fmt = indent + "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*headers).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
@@ -66,7 +66,7 @@ def render(topo: pb.MemoryTopology) -> str:
         rows.append([str(d.id), _enum(pb.MemoryDomainType, d.type, "MEMORY_DOMAIN_TYPE_"), _ids(d.numa_nodes),
                      _ids(d.attached_cpus), _ids(d.local_cpus), human_bytes(d.capacity_bytes),
                      human_bytes(d.free_bytes), tier, d.subtype or "-", _perf(d.local_performance)])
-    out += _table(["ID", "TYPE", "NODES", "CPUS", "LOCAL-CPUS", "CAPACITY", "FREE", "TIER(k/h)", "SUBTYPE",
+    out += table(["ID", "TYPE", "NODES", "CPUS", "LOCAL-CPUS", "CAPACITY", "FREE", "TIER(k/h)", "SUBTYPE",
                    "LOCAL BW/LAT"], rows)
     out += [f"  domain {d.id}: {d.note}" for d in topo.domains if d.note]
 
@@ -79,13 +79,13 @@ def render(topo: pb.MemoryTopology) -> str:
         rows.append([str(n.id), state, flags or "-", _ids(n.cpus), human_bytes(n.memory_bytes),
                      str(n.domain) if n.domain >= 0 else "-", _ids(n.initiator_nodes), _ids(n.packages),
                      n.note or "-"])
-    out += _table(["NODE", "STATE", "HAS", "CPUS", "MEMORY", "DOMAIN", "HMAT-INITIATORS", "PACKAGES", "NOTE"], rows)
+    out += table(["NODE", "STATE", "HAS", "CPUS", "MEMORY", "DOMAIN", "HMAT-INITIATORS", "PACKAGES", "NOTE"], rows)
 
     with_rows = [n for n in topo.numa_nodes if n.distances]
     if with_rows:
         cols = list(with_rows[0].distance_nodes)
         out += ["", "NUMA distances (SLIT)"]
-        out += _table(["node", *map(str, cols)],
+        out += table(["node", *map(str, cols)],
                       [[str(n.id), *map(str, n.distances)] for n in with_rows])
 
     if topo.interconnects:
@@ -96,7 +96,7 @@ def render(topo: pb.MemoryTopology) -> str:
         shown = topo.interconnects if len(topo.domains) <= MAX_LINK_ROWS else perf_known
         rows = [[f"{i.domain_a}-{i.domain_b}", _enum(pb.MemoryLinkType, i.link_type, "MEMORY_LINK_TYPE_"),
                  f"{i.distance_a_to_b}/{i.distance_b_to_a}", _perf(i.a_to_b), _perf(i.b_to_a)] for i in shown]
-        out += _table(["PAIR", "LINK", "DIST", "A→B", "B→A"], rows)
+        out += table(["PAIR", "LINK", "DIST", "A→B", "B→A"], rows)
         if len(shown) < len(topo.interconnects):
             out.append(f"  ... {len(topo.interconnects) - len(shown)} more pairs with SLIT distance only"
                        " (--format json has them all)")
@@ -138,7 +138,7 @@ def render(topo: pb.MemoryTopology) -> str:
                              ",".join(p.os_devices) or "-", _ids(p.local_cpus),
                              f"{p.link_speed} x{p.link_width}" if p.link_width else (p.link_speed or "-"),
                              sriov or "-", str(len(p.msi_irqs))])
-            out += _table(["BDF", "KIND", "ID", "DRIVER", "OS-DEVICES", "LOCAL-CPUS", "LINK", "SR-IOV", "MSI"],
+            out += table(["BDF", "KIND", "ID", "DRIVER", "OS-DEVICES", "LOCAL-CPUS", "LINK", "SR-IOV", "MSI"],
                           rows, indent="    ")
 
     out += _accelerators(topo)
@@ -165,7 +165,7 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
                      str(a.numa_node) if a.numa_node >= 0 else "none", _ids(a.local_cpus),
                      (str(a.domain) + (" unified" if a.unified_memory else "")) if a.domain >= 0 else "-",
                      a.source])
-    out += _table(["ID", "MODEL", "UUID/SERIAL", "BDF", "MEMORY", "HEALTH", "NUMA", "CPUS", "DOMAIN", "SOURCE"],
+    out += table(["ID", "MODEL", "UUID/SERIAL", "BDF", "MEMORY", "HEALTH", "NUMA", "CPUS", "DOMAIN", "SOURCE"],
                   rows)
     for g in topo.accelerator_groups:
         fabric = f" (every pair {link_word(pb.AcceleratorLink(kind=g.link_kind, count=g.link_count))})" \
@@ -194,7 +194,7 @@ def render_links(topo: pb.MemoryTopology) -> str:
     ids = [a.id for a in accels]
     rows = [[a.id, *("X" if a.id == b else words.get((a.id, b), "-") for b in ids),
              _ids(a.local_cpus), str(a.numa_node) if a.numa_node >= 0 else "N/A"] for a in accels]
-    out = _table(["", *ids, "CPU Affinity", "NUMA Affinity"], rows, indent="")
+    out = table(["", *ids, "CPU Affinity", "NUMA Affinity"], rows, indent="")
     legend = [
         "", "Legend:",
         "  X    = Self",

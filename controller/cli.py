@@ -1,0 +1,276 @@
+"""``memtopo controller``: run the reference controller, or ask a running one.
+
+    memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
+    memtopo controller nodes [--format table|json]
+    memtopo controller topology NODE [--format text|json]
+    memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
+    memtopo controller result NODE PLAN_ID [--format text|json]
+    (client commands: --addr HOST:PORT (default 127.0.0.1:9470), --tls-ca/--tls-cert/--tls-key)
+
+A client speaks plaintext only to a loopback address without TLS options; any other address uses
+TLS (the system's roots unless --tls-ca). Exit status: 0 done (for submit/result: the plan was
+applied, unchanged or dry-run); 1 the plan was not applied (rejected, rolled back, failed);
+2 bad usage, an unreadable plan file or credentials; 3 the controller refused or could not be
+reached (the message names the gRPC status: NOT_FOUND, UNAVAILABLE, DEADLINE_EXCEEDED …).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from agent.apply_cli import OK_STATES, read_plan
+from agent.apply_cli import render as render_result
+from agent.config import is_loopback
+from agent.render import render as render_topology
+from agent.render import table
+from apply.errors import ApplyError
+from apply.planio import to_json as result_json
+from controller.server import (
+    DEFAULT_LISTEN,
+    DEFAULT_PLAN_TIMEOUT_S,
+    MAX_MESSAGE_BYTES,
+    MAX_PLAN_TIMEOUT_S,
+    ControllerConfigError,
+    check_address,
+    open_pem,
+    serve_until_signalled,
+    server_credentials,
+)
+from memtopo.v1 import agent_pb2 as apb
+from memtopo.v1 import agent_pb2_grpc as apb_grpc
+from memtopo.v1 import plan_pb2 as planpb
+
+EXIT_OK = 0
+EXIT_NOT_APPLIED = 1
+EXIT_USAGE = 2
+EXIT_RPC = 3
+
+RPC_TIMEOUT_S = 10.0
+# SubmitPlan waits on the agent; the client's deadline covers the controller's wait plus transit.
+SUBMIT_MARGIN_S = 10.0
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),)
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``controller`` (serve by default, plus nodes/topology/submit/result)."""
+    ctl = subparsers.add_parser("controller", help="run the reference controller, or query a running one",
+                                description="Without a sub-command: serve.")
+    _serve_options(ctl, suppress=False)
+    ctl.set_defaults(func=cmd_serve)
+    sub = ctl.add_subparsers(dest="controller_command", metavar="{serve,nodes,topology,submit,result}")
+
+    serve = sub.add_parser("serve", help="accept agent links and operator requests until SIGTERM/SIGINT")
+    # Given after `serve` or before it: a default here would overwrite what was given before.
+    _serve_options(serve, suppress=True)
+    serve.set_defaults(func=cmd_serve)
+
+    nodes = sub.add_parser("nodes", help="list the nodes the controller knows")
+    nodes.add_argument("--format", choices=("table", "json"), default="table")
+    _client_options(nodes)
+    nodes.set_defaults(func=cmd_nodes)
+
+    topo = sub.add_parser("topology", help="a node's latest topology")
+    topo.add_argument("node")
+    topo.add_argument("--format", choices=("text", "json"), default="text")
+    _client_options(topo)
+    topo.set_defaults(func=cmd_topology)
+
+    submit = sub.add_parser("submit", help="send a binding plan to a node and wait for its result")
+    submit.add_argument("node")
+    submit.add_argument("plan", help="plan file (proto3 JSON BindingPlan), or - for stdin")
+    submit.add_argument("--dry-run", action="store_true", help="the agent shows the diff only")
+    submit.add_argument("--timeout", type=_positive_int, default=None, metavar="S",
+                        help=f"seconds to wait for the node's result (default {DEFAULT_PLAN_TIMEOUT_S})")
+    submit.add_argument("--format", choices=("text", "json"), default="text")
+    _client_options(submit)
+    submit.set_defaults(func=cmd_submit)
+
+    result = sub.add_parser("result", help="a plan result the controller received from a node")
+    result.add_argument("node")
+    result.add_argument("plan_id")
+    result.add_argument("--format", choices=("text", "json"), default="text")
+    _client_options(result)
+    result.set_defaults(func=cmd_result)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if not 1 <= value <= MAX_PLAN_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_PLAN_TIMEOUT_S} seconds")
+    return value
+
+
+def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    def default(value: str) -> str:
+        return argparse.SUPPRESS if suppress else value
+
+    p.add_argument("--listen", default=default(DEFAULT_LISTEN),
+                   help=f"host:port or unix:PATH (default {DEFAULT_LISTEN}); plaintext only on loopback")
+    p.add_argument("--tls-cert", default=default(""), help="server certificate (PEM)")
+    p.add_argument("--tls-key", default=default(""), help="server private key (PEM)")
+    p.add_argument("--tls-client-ca", default=default(""),
+                   help="CA for client certificates: every client (agent, operator) must present one")
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--addr", default=DEFAULT_LISTEN, help=f"controller address (default {DEFAULT_LISTEN})")
+    p.add_argument("--tls-ca", default="", help="CA that signed the controller's certificate (PEM)")
+    p.add_argument("--tls-cert", default="", help="client certificate (PEM), for a controller that wants one")
+    p.add_argument("--tls-key", default="", help="client private key (PEM)")
+
+
+class _RpcFailedError(Exception):
+    """A ControllerAdmin call that failed; the message names the address and the gRPC status."""
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _exits(fn: Command) -> Command:
+    """Errors the user can act on become a message and an exit code (agent/cli.py calls func directly)."""
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except ControllerConfigError as exc:
+            print(f"memtopo: controller: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except _RpcFailedError as exc:
+            print(f"memtopo: {exc}", file=sys.stderr)
+            return EXIT_RPC
+    return run
+
+
+# ---- serve -------------------------------------------------------------------------------------------
+@_exits
+def cmd_serve(args: argparse.Namespace) -> int:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ControllerConfigError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        raise ControllerConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+    creds = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    asyncio.run(serve_until_signalled(args.listen, creds))
+    return EXIT_OK
+
+
+# ---- clients -----------------------------------------------------------------------------------------
+def _channel(args: argparse.Namespace) -> grpc.Channel:
+    check_address(args.addr)
+    tls = args.tls_ca or args.tls_cert or args.tls_key
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ControllerConfigError("--tls-cert and --tls-key go together")
+    if not tls and is_loopback(args.addr):
+        return grpc.insecure_channel(args.addr, options=CHANNEL_OPTIONS)
+    try:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=open_pem(args.tls_ca) if args.tls_ca else None,
+            private_key=open_pem(args.tls_key) if args.tls_key else None,
+            certificate_chain=open_pem(args.tls_cert) if args.tls_cert else None)
+    except OSError as exc:
+        raise ControllerConfigError(f"{exc.filename}: {exc.strerror}") from exc
+    return grpc.secure_channel(args.addr, creds, options=CHANNEL_OPTIONS)
+
+
+def _call(args: argparse.Namespace, method: str, request: Any, timeout: float = RPC_TIMEOUT_S) -> Any:
+    """One ControllerAdmin call; gRPC failures become ``_RpcFailed`` with a one-line message."""
+    with _channel(args) as channel:
+        stub = apb_grpc.ControllerAdminStub(channel)
+        try:
+            return getattr(stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _RpcFailedError(f"controller {args.addr}: {exc.code().name}: {exc.details()}") from exc
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{max(seconds, 0):.0f}s ago"
+
+
+def render_nodes(resp: apb.ListNodesResponse, now: float | None = None) -> str:
+    """One row per node: link state, held generation, short fingerprint, sizes, last seen, peer."""
+    if not resp.nodes:
+        return "no nodes\n"
+    clock = time.time() if now is None else now
+    rows = [[n.node_name, "connected" if n.connected else "disconnected", str(n.generation) if n.fingerprint else "-",
+             n.fingerprint[:12] or "-", str(n.numa_nodes), str(n.accelerators),
+             _age(clock - n.last_seen.ToNanoseconds() / 1e9) if n.HasField("last_seen") else "-", n.peer or "-"]
+            for n in resp.nodes]
+    headers = ["NODE", "LINK", "GENERATION", "FINGERPRINT", "NUMA", "ACCEL", "LAST SEEN", "PEER"]
+    return "\n".join(table(headers, rows, indent="")) + "\n"
+
+
+@_exits
+def cmd_nodes(args: argparse.Namespace) -> int:
+    resp = _call(args, "ListNodes", apb.ListNodesRequest())
+    if args.format == "json":
+        sys.stdout.write(json_format.MessageToJson(resp, preserving_proto_field_name=True,
+                                                   always_print_fields_with_no_presence=True, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_nodes(resp))
+    return EXIT_OK
+
+
+@_exits
+def cmd_topology(args: argparse.Namespace) -> int:
+    topo = _call(args, "GetNodeTopology", apb.GetNodeTopologyRequest(node_name=args.node))
+    if args.format == "json":
+        # Imported here: agent.cli registers these commands, so a top-level import would be circular.
+        from agent.cli import to_json
+
+        sys.stdout.write(to_json(topo) + "\n")
+    else:
+        sys.stdout.write(render_topology(topo))
+    return EXIT_OK
+
+
+def _emit_result(result: planpb.PlanResult, fmt: str, plan: planpb.BindingPlan | None) -> int:
+    sys.stdout.write(result_json(result) + "\n" if fmt == "json" else render_result(result, plan))
+    return EXIT_OK if result.state in OK_STATES else EXIT_NOT_APPLIED
+
+
+@_exits
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        plan = read_plan(args.plan)
+    except ApplyError as exc:
+        print(f"memtopo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    wait = args.timeout or DEFAULT_PLAN_TIMEOUT_S
+    request = apb.SubmitPlanRequest(node_name=args.node, plan=plan, dry_run=args.dry_run,
+                                    timeout_seconds=args.timeout or 0)
+    result = _call(args, "SubmitPlan", request, timeout=wait + SUBMIT_MARGIN_S)
+    return _emit_result(result, args.format, plan)
+
+
+@_exits
+def cmd_result(args: argparse.Namespace) -> int:
+    result = _call(args, "GetNodePlanResult", apb.GetNodePlanResultRequest(node_name=args.node,
+                                                                            plan_id=args.plan_id))
+    return _emit_result(result, args.format, None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry: ``python -m controller.cli [serve|nodes|…] …`` (the ``controller`` word implied)."""
+    parser = argparse.ArgumentParser(prog="memtopo")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["controller", *(sys.argv[1:] if argv is None else argv)])
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

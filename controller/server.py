@@ -1,0 +1,469 @@
+"""The reference controller's gRPC server: ``Controller`` (agent links), ``ControllerAdmin``
+(operators), ``grpc.health.v1`` and server reflection on one grpc.aio server.
+
+The protocol is written down in docs/controller.md; ``controller.fleet`` makes its decisions and
+this module only moves messages. Each link has a small outbox instead of a queue: the latest ack
+and at most one snapshot request are slots that coalesce, and plans are bounded by the number of
+plans in flight per node, so a slow or stuck agent never makes the controller's memory grow.
+
+``memtopo controller serve`` (controller/cli.py) runs it until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+from google.protobuf.timestamp_pb2 import Timestamp
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
+from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
+
+from agent.config import AddressError, is_loopback, parse_host_port
+from controller.fleet import (
+    Ack,
+    Fleet,
+    FleetFullError,
+    Hello,
+    NodeInfo,
+    ProtocolError,
+    Reply,
+    RequestSnapshot,
+)
+from memtopo.v1 import agent_pb2 as apb
+from memtopo.v1 import agent_pb2_grpc as apb_grpc
+from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
+
+log = structlog.get_logger()
+
+DEFAULT_LISTEN = "127.0.0.1:9470"
+DEFAULT_PLAN_TIMEOUT_S = 30
+MAX_PLAN_TIMEOUT_S = 3600
+# Plans are operator actions, few at a time; beyond this a node's link is not keeping up.
+MAX_PLANS_IN_FLIGHT = 64
+# A 64-node host's topology is a few hundred KiB; leave room for large accelerator fleets.
+MAX_MESSAGE_BYTES = 64 << 20
+
+SERVICE_NAMES = tuple(apb.DESCRIPTOR.services_by_name[s].full_name for s in ("Controller", "ControllerAdmin"))
+
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # A second controller on the same port must fail to start, not silently share it.
+    ("grpc.so_reuseport", 0),
+    # Find dead agent hosts (no FIN) so their nodes show disconnected.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    # Agents may ping idle links every 10 s or more; grpc's default would GOAWAY them ("too_many_pings").
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+
+SC = grpc.StatusCode
+
+
+class ControllerConfigError(ValueError):
+    """A listen address or credential setting the controller refuses to start with."""
+
+
+# ---- addresses ---------------------------------------------------------------------------------------
+def check_address(address: str) -> None:
+    """``host:port``, ``[v6]:port`` or ``unix:PATH``; ControllerConfigError naming the problem otherwise."""
+    if address.startswith("unix:"):
+        return
+    try:
+        parse_host_port(address)
+    except AddressError as exc:
+        raise ControllerConfigError(str(exc)) from exc
+
+
+# ---- per-link outbox ---------------------------------------------------------------------------------
+class _Link:
+    """One agent stream's outbound side: coalescing slots plus the plans sent down it."""
+
+    def __init__(self, session: int, node: str, peer: str) -> None:
+        self.session = session
+        self.node = node
+        self.peer = peer
+        self._ack: apb.ControllerAck | None = None
+        self._request: str | None = None
+        self._plans: deque[apb.PlanRequest] = deque()
+        self._wake = asyncio.Event()
+        self.closed = False
+        # Status to end the RPC with; None = end it OK.
+        self.end: tuple[grpc.StatusCode, str] | None = None
+
+    def reply(self, reply: Reply | None) -> None:
+        if isinstance(reply, Ack):
+            self._ack = apb.ControllerAck(generation=reply.generation, fingerprint=reply.fingerprint)
+            # The snapshot that produced this ack answered any request still waiting to go out.
+            self._request = None
+        elif isinstance(reply, RequestSnapshot):
+            self._request = reply.reason
+        else:
+            return
+        self._wake.set()
+
+    def plan(self, request: apb.PlanRequest) -> None:
+        self._plans.append(request)
+        self._wake.set()
+
+    def close(self, code: grpc.StatusCode | None = None, details: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.end = (code, details) if code is not None else None
+        self._wake.set()
+
+    async def next(self) -> apb.ControllerMessage | None:
+        """The next message to write, waiting for one; None once the link is closed."""
+        while not self.closed:
+            if self._ack is not None:
+                msg = apb.ControllerMessage(ack=self._ack)
+                self._ack = None
+                return msg
+            if self._request is not None:
+                msg = apb.ControllerMessage(snapshot_request=apb.SnapshotRequest(reason=self._request))
+                self._request = None
+                return msg
+            if self._plans:
+                return apb.ControllerMessage(plan=self._plans.popleft())
+            self._wake.clear()
+            await self._wake.wait()
+        return None
+
+
+@dataclass
+class _InFlight:
+    request: apb.PlanRequest
+    waiters: list[asyncio.Future[planpb.PlanResult]] = field(default_factory=list)
+
+
+class _Hub:
+    """The fleet plus the live links and the plans awaiting results; shared by both services."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.links: dict[int, _Link] = {}
+        # node → (plan_id, dry_run) → in flight. Kept across link drops: a node that reconnects
+        # before the submitter gives up gets the plan again (the agent answers a seen id from its store).
+        self.inflight: dict[str, dict[tuple[str, bool], _InFlight]] = {}
+
+    def link_of(self, node: str) -> _Link | None:
+        session = self.fleet.session_of(node)
+        return self.links.get(session) if session is not None else None
+
+    def resend_inflight(self, link: _Link) -> None:
+        for entry in self.inflight.get(link.node, {}).values():
+            link.plan(entry.request)
+
+    def resolve(self, node: str, result: planpb.PlanResult) -> None:
+        plans = self.inflight.get(node)
+        if not plans:
+            return
+        # A dry run's result answers dry-run submitters; any other state answers real submitters
+        # first (a refused dry run carries REJECTED, indistinguishable from a refused apply).
+        dry = result.state == planpb.PlanResult.STATE_DRY_RUN
+        key = (result.plan_id, dry)
+        if key not in plans and not dry:
+            key = (result.plan_id, True)
+        entry = plans.pop(key, None)
+        if entry is None:
+            return
+        for fut in entry.waiters:
+            if not fut.done():
+                fut.set_result(result)
+        if not plans:
+            del self.inflight[node]
+
+    def forget_waiter(self, node: str, key: tuple[str, bool], fut: asyncio.Future[planpb.PlanResult]) -> None:
+        plans = self.inflight.get(node)
+        entry = plans.get(key) if plans else None
+        if plans is None or entry is None:
+            return
+        with contextlib.suppress(ValueError):
+            entry.waiters.remove(fut)
+        if not entry.waiters:
+            del plans[key]
+            if not plans:
+                del self.inflight[node]
+
+    def close_all(self, details: str) -> None:
+        for link in list(self.links.values()):
+            link.close(SC.UNAVAILABLE, details)
+
+
+def _hello(msg: apb.AgentHello) -> Hello:
+    return Hello(node_name=msg.node_name, agent_instance_id=msg.agent_instance_id, boot_id=msg.boot_id,
+                 generation=msg.generation, fingerprint=msg.fingerprint, agent_version=msg.agent_version)
+
+
+# ---- Controller (agents) -----------------------------------------------------------------------------
+AgentContext = grpc.aio.ServicerContext[apb.AgentMessage, apb.ControllerMessage]
+
+
+class ControllerService(apb_grpc.ControllerServicer):
+    def __init__(self, hub: _Hub) -> None:
+        self._hub = hub
+
+    async def Connect(self, request_iterator: AsyncIterator[apb.AgentMessage] | Iterator[apb.AgentMessage],  # noqa: N802
+                      context: AgentContext) -> AsyncIterator[apb.ControllerMessage]:
+        # Requests are read with context.read(), not request_iterator: grpc's iterator keeps the last
+        # message alive while it waits for the next, and on a link that is the last full snapshot.
+        peer = context.peer()
+        first = await context.read()
+        if not isinstance(first, apb.AgentMessage):  # grpc.aio.EOF: closed before saying anything
+            return
+        if first.WhichOneof("message") != "hello":
+            await context.abort(SC.INVALID_ARGUMENT, "the first message on a link must be hello")
+        fleet = self._hub.fleet
+        try:
+            connected = fleet.connect(_hello(first.hello), peer)
+        except FleetFullError as exc:
+            await context.abort(SC.RESOURCE_EXHAUSTED, str(exc))
+        except ProtocolError as exc:
+            await context.abort(SC.INVALID_ARGUMENT, str(exc))
+        node = first.hello.node_name
+        link = _Link(connected.session, node, peer)
+        self._hub.links[link.session] = link
+        if connected.replaced is not None:
+            old = self._hub.links.pop(connected.replaced, None)
+            if old is not None:
+                old.close(SC.ABORTED, f"replaced by a newer link for node {node} from {peer}")
+        log.info("agent_connected", node=node, peer=peer, generation=first.hello.generation,
+                 agent_instance_id=first.hello.agent_instance_id,
+                 replaced_peer=connected.replaced_peer or None)
+        self._note_reply(link, connected.reply)
+        link.reply(connected.reply)
+        self._hub.resend_inflight(link)
+        reader = asyncio.create_task(self._read(context, link))
+        try:
+            while (msg := await link.next()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            if fleet.disconnect(link.session) is not None:
+                log.info("agent_disconnected", node=node, peer=peer)
+            self._hub.links.pop(link.session, None)
+        if link.end is not None:
+            await context.abort(*link.end)
+
+    async def _read(self, context: AgentContext, link: _Link) -> None:
+        try:
+            while isinstance(msg := await context.read(), apb.AgentMessage):  # else grpc.aio.EOF
+                self._handle(link, msg)
+                # Not kept alive while waiting for the next one: a parsed snapshot is ~60 KiB per link.
+                del msg
+            link.close()
+        except ProtocolError as exc:
+            link.close(SC.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # the call failed under us, or a bug: end this link, keep the others
+            log.warning("link_read_failed", node=link.node, peer=link.peer, error=repr(exc))
+            link.close(SC.INTERNAL, "controller could not read the link")
+
+    def _handle(self, link: _Link, msg: apb.AgentMessage) -> None:
+        fleet = self._hub.fleet
+        kind = msg.WhichOneof("message")
+        if kind == "snapshot":
+            outcome = fleet.snapshot(link.session, msg.snapshot)
+            if outcome.stored:
+                log.info("snapshot_stored", node=link.node, generation=msg.snapshot.generation,
+                         fingerprint=msg.snapshot.fingerprint[:16], peer=link.peer)
+            elif outcome.reason:
+                log.warning("snapshot_ignored", node=link.node, generation=msg.snapshot.generation,
+                            reason=outcome.reason, peer=link.peer)
+            link.reply(outcome.reply)
+        elif kind == "heartbeat":
+            request = fleet.heartbeat(link.session, msg.heartbeat.generation, msg.heartbeat.fingerprint)
+            self._note_reply(link, request)
+            link.reply(request)
+        elif kind == "plan_result":
+            if fleet.record_result(link.session, msg.plan_result) is not None:
+                log.info("plan_result", node=link.node, plan_id=msg.plan_result.plan_id,
+                         state=planpb.PlanResult.State.Name(msg.plan_result.state), peer=link.peer)
+                self._hub.resolve(link.node, msg.plan_result)
+        elif kind == "hello":
+            raise ProtocolError("hello sent twice on one link")
+        # Anything else is a message type newer than this controller: ignored, for compatibility.
+
+    @staticmethod
+    def _note_reply(link: _Link, reply: Reply | None) -> None:
+        if isinstance(reply, RequestSnapshot):
+            log.debug("snapshot_requested", node=link.node, reason=reply.reason, peer=link.peer)
+
+
+# ---- ControllerAdmin (operators) ---------------------------------------------------------------------
+def _timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def node_summary(info: NodeInfo) -> apb.NodeSummary:
+    return apb.NodeSummary(
+        node_name=info.node_name, agent_instance_id=info.agent_instance_id, boot_id=info.boot_id,
+        generation=info.generation, fingerprint=info.fingerprint, connected=info.connected,
+        last_seen=_timestamp(info.last_seen) if info.last_seen else None, peer=info.peer,
+        numa_nodes=info.numa_nodes, accelerators=info.accelerators)
+
+
+AdminContext = grpc.aio.ServicerContext[Any, Any]
+
+
+class ControllerAdminService(apb_grpc.ControllerAdminServicer):
+    def __init__(self, hub: _Hub) -> None:
+        self._hub = hub
+
+    async def ListNodes(self, request: apb.ListNodesRequest, context: AdminContext) -> apb.ListNodesResponse:  # noqa: N802
+        return apb.ListNodesResponse(nodes=[node_summary(i) for i in self._hub.fleet.nodes()])
+
+    async def GetNodeTopology(self, request: apb.GetNodeTopologyRequest,  # noqa: N802
+                              context: AdminContext) -> pb.MemoryTopology:
+        topo = self._hub.fleet.topology(request.node_name)
+        if topo is None:
+            what = "no topology yet" if self._hub.fleet.knows(request.node_name) else "unknown node"
+            await context.abort(SC.NOT_FOUND, f"{request.node_name}: {what}")
+        return topo
+
+    async def GetNodePlanResult(self, request: apb.GetNodePlanResultRequest,  # noqa: N802
+                                context: AdminContext) -> planpb.PlanResult:
+        if not self._hub.fleet.knows(request.node_name):
+            await context.abort(SC.NOT_FOUND, f"{request.node_name}: unknown node")
+        result = self._hub.fleet.result(request.node_name, request.plan_id)
+        if result is None:
+            await context.abort(SC.NOT_FOUND, f"{request.node_name}: no result for plan {request.plan_id!r}")
+        return result
+
+    async def SubmitPlan(self, request: apb.SubmitPlanRequest, context: AdminContext) -> planpb.PlanResult:  # noqa: N802
+        hub, node, plan_id = self._hub, request.node_name, request.plan.plan_id
+        if not plan_id:
+            await context.abort(SC.INVALID_ARGUMENT, "the plan has no plan_id")
+        if not hub.fleet.knows(node):
+            await context.abort(SC.NOT_FOUND, f"{node}: unknown node")
+        link = hub.link_of(node)
+        if link is None:
+            await context.abort(SC.UNAVAILABLE, f"{node}: not connected")
+        key = (plan_id, request.dry_run)
+        entry = hub.inflight.get(node, {}).get(key)
+        if entry is None:
+            if len(hub.inflight.get(node, {})) >= MAX_PLANS_IN_FLIGHT:
+                await context.abort(SC.RESOURCE_EXHAUSTED,
+                             f"{node}: {MAX_PLANS_IN_FLIGHT} plans already await results")
+            entry = _InFlight(apb.PlanRequest(plan=request.plan, dry_run=request.dry_run))
+            hub.inflight.setdefault(node, {})[key] = entry
+            link.plan(entry.request)
+        # else: the same plan is already on its way; wait for its result instead of sending it twice.
+        fut: asyncio.Future[planpb.PlanResult] = asyncio.get_running_loop().create_future()
+        entry.waiters.append(fut)
+        timeout = float(min(request.timeout_seconds or DEFAULT_PLAN_TIMEOUT_S, MAX_PLAN_TIMEOUT_S))
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, max(remaining, 0.0))
+        log.info("plan_submitted", node=node, plan_id=plan_id, dry_run=request.dry_run, peer=context.peer())
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            await context.abort(SC.DEADLINE_EXCEEDED,
+                         f"{node}: no result for plan {plan_id!r} within {timeout:g} s "
+                         "(resubmitting the same plan id is safe)")
+        finally:
+            hub.forget_waiter(node, key, fut)
+
+
+# ---- the server --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunningController:
+    port: int
+    fleet: Fleet
+    server: grpc.aio.Server
+    health: Any
+    hub: _Hub
+    address: str
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Health goes NOT_SERVING, every agent link ends with UNAVAILABLE (agents reconnect with
+        backoff), then admin calls get ``grace`` seconds to finish."""
+        await self.health.enter_graceful_shutdown()
+        self.hub.close_all("controller shutting down")
+        await self.server.stop(grace)
+        log.info("controller_stopped", address=self.address)
+
+
+def _bound_address(listen: str, port: int) -> str:
+    if listen.startswith("unix:"):
+        return listen
+    host, _ = parse_host_port(listen)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None) -> RunningController:
+    """Serve Controller, ControllerAdmin, health and reflection on ``listen`` (host:port, port 0 =
+    any, or unix:PATH). Plaintext only on loopback; elsewhere ``credentials`` (grpc.ServerCredentials)
+    are required. ControllerConfigError when the address is refused or cannot be bound."""
+    check_address(listen)
+    if credentials is None and not is_loopback(listen):
+        raise ControllerConfigError(f"{listen}: plaintext is only served on loopback; give TLS credentials")
+    hub = _Hub(Fleet())
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    apb_grpc.add_ControllerServicer_to_server(ControllerService(hub), server)
+    apb_grpc.add_ControllerAdminServicer_to_server(ControllerAdminService(hub), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    try:
+        port = (server.add_secure_port(listen, credentials) if credentials is not None
+                else server.add_insecure_port(listen))
+    except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind …")
+        raise ControllerConfigError(f"cannot listen on {listen}: {exc}") from exc
+    if port == 0 and not listen.startswith("unix:"):
+        raise ControllerConfigError(f"cannot listen on {listen}")
+    await server.start()
+    address = _bound_address(listen, port)
+    log.info("controller_listening", address=address, tls=credentials is not None)
+    return RunningController(port, hub.fleet, server, health_servicer, hub, address)
+
+
+def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
+    """grpc.ServerCredentials from PEM files; a client CA makes client certificates mandatory (mTLS)."""
+    try:
+        chain = open_pem(cert)
+        pair = (open_pem(key), chain)
+        ca = open_pem(client_ca) if client_ca else None
+    except OSError as exc:
+        raise ControllerConfigError(f"{exc.filename}: {exc.strerror}") from exc
+    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def open_pem(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials | None, grace: float = 5.0,
+                                signals: Iterable[int] | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then stop gracefully."""
+    import signal
+
+    running = await start_controller(listen, credentials)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    sigs = tuple(signals) if signals is not None else (signal.SIGTERM, signal.SIGINT)
+    for sig in sigs:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
+        await running.stop(grace)
+
+
