@@ -11,11 +11,13 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from agent.apply_cli import add_commands as add_apply_commands
+from agent.plan_cli import add_commands as add_plan_commands
 from agent.render import render, render_links
 from discovery.capture import CaptureError, gather, open_root
 from discovery.discover import discover
 from discovery.record import recordings
 from discovery.source import ProbeContext
+from controller.cli import add_commands as add_controller_commands
 from memtopo.v1 import topology_pb2 as pb
 
 EXIT_USAGE = 2
@@ -83,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_gather)
 
     add_apply_commands(sub)
+    add_plan_commands(sub)
+    add_controller_commands(sub)
     return parser
 
 

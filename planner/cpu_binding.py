@@ -282,7 +282,9 @@ def _topo_affinity_pools(req: CpuBindingRequest) -> dict[int, tuple[int, ...]]:
     affinity = req.topo_affinity or {}
     allowed = frozenset(req.allowed_cpus)
     running = set(req.running_npus)
-    all_logic = range(req.total_logic_npus) if req.total_logic_npus else sorted(set(affinity) | running)
+    # Only NPUs with an affinity row or a process can be candidates: never walk 0…total_logic_npus.
+    known = sorted(set(affinity) | running)
+    all_logic = [n for n in known if n < req.total_logic_npus] if req.total_logic_npus else known
     # Hidden NPUs whose affinity touches this cpuset take their share too, so that independent
     # single-NPU workers sharing a cpuset compute the same split (§A.5.2, §A.7.1).
     candidates = [n for n in all_logic if n in running or not allowed.isdisjoint(affinity.get(n, ()))]

@@ -84,6 +84,9 @@ class PlaceRequest:
         return math.ceil(self.memory_gb * GIB)
 
 
+MAX_MEMORY_GB = 1 << 40
+
+
 def _bad(field: str, why: str) -> PlanError:
     return PlanError("invalid_request", f"{field}: {why}")
 
@@ -92,8 +95,9 @@ def parse_request(obj: Any) -> PlaceRequest:
     req = as_object(obj)
     reject_unknown(req, ("cpus", "gpus", "memory_gb", "workload", "constraints"), "request")
     memory = req.get("memory_gb", 0)
-    if isinstance(memory, bool) or not isinstance(memory, int | float) or not math.isfinite(memory) or memory < 0:
-        raise _bad("memory_gb", f"expected a non-negative number of GiB, got {memory!r}")
+    # The upper bound keeps GiB → bytes inside a float/uint64 (1e300 or 10**400 would overflow).
+    if isinstance(memory, bool) or not isinstance(memory, int | float) or not 0 <= memory <= MAX_MEMORY_GB:
+        raise _bad("memory_gb", f"expected a number of GiB from 0 to {MAX_MEMORY_GB}, got {memory!r}")
     workload = get_str(req, "workload", "default")
     if workload not in BETA:
         raise _bad("workload", f"expected one of {sorted(BETA)}, got {workload!r}")

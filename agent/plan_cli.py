@@ -1,0 +1,443 @@
+"""``memtopo plan``: run one placement policy on a JSON request and print its decision as JSON.
+
+    memtopo plan cpu-binding --request FILE|- [--root DIR|TARBALL]
+                             [--pid PID [--npu N] [--plan-id ID] [--emit decision|plan|both]]
+    memtopo plan guest-pci   --request FILE|- [--root DIR|TARBALL]
+    memtopo plan place       --request FILE|- [--root DIR|TARBALL]
+    memtopo plan hccs        --request FILE|-
+    memtopo plan xpu         --request FILE|-
+    memtopo plan mtf OCCUPANCY
+
+Everything goes to stdout as one JSON document: the decision, or ``{"error": {"code", "message"}}``
+(a machine reader wants one stream; stderr carries only argparse's usage line). Exit status:
+0 decision; 1 ``unsatisfiable`` (a valid request the policy cannot place); 2 ``invalid_request``,
+``invalid_topology``, ``invalid_root`` or ``usage`` (fix the input); 3 ``internal`` (a bug).
+
+Topology facts the request leaves out come from discovery: of ``--root``, else of this host when
+the request lacks one the policy cannot do without (cpu-binding: ``device_type``, ``allowed_cpus``
+or ``running_npus``; guest-pci: a device's ``numa_node``; place: the ``topology``). Values the
+request gives always win. ``docs/planner-cli.md`` is the user's page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn
+
+from google.protobuf import json_format
+
+from apply import irqs
+from apply.host import HostFiles
+from apply.journal import plan_hash
+from discovery.capture import CaptureError
+from discovery.discover import discover
+from discovery.source import ProbeContext
+from discovery.sysfs_pci import parse_bdf
+from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
+from planner import cpu_binding, guest_pci, hccs, place, xpu
+from planner.errors import PlanError
+from planner.request import as_object, reject_unknown
+
+EXIT_OK: Final = 0
+EXIT_UNSATISFIABLE: Final = 1
+EXIT_INVALID: Final = 2
+EXIT_INTERNAL: Final = 3
+
+# A 10,000-node fleet request is about 1 MB; far above any real request, far below memory trouble.
+MAX_REQUEST_BYTES: Final = 64 << 20
+
+CPU_BINDING_KEYS: Final = ("device_type", "allowed_cpus", "running_npus", "total_logic_npus", "topo_affinity",
+                           "numa_cpus")
+# Without these cpu_binding.parse_request refuses the request, so their absence asks for discovery.
+CPU_BINDING_REQUIRED: Final = ("device_type", "allowed_cpus", "running_npus")
+EMIT_CHOICES: Final = ("decision", "plan", "both")
+LIVE: Final = "live host"
+
+
+class UsageError(Exception):
+    """A combination of options the command cannot act on (e.g. ``--emit plan`` without ``--pid``)."""
+
+
+def _exit_code(code: str) -> int:
+    if code == "unsatisfiable":
+        return EXIT_UNSATISFIABLE
+    return EXIT_INTERNAL if code == "internal" else EXIT_INVALID
+
+
+def error_document(code: str, message: str, **extra: str) -> dict[str, dict[str, str]]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def _write(doc: Mapping[str, Any]) -> None:
+    # Indented for a person at a terminal, one line for a program: indenting takes json's pure-Python
+    # encoder, 4-5 times slower on a 10,000-node ranking. ASCII escapes keep the output valid
+    # whatever the stream's encoding.
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(doc, indent=indent) + "\n")
+
+
+class _JsonErrorParser(argparse.ArgumentParser):
+    """Per-policy parser whose usage errors (bad --pid, missing --request …) follow the JSON contract."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        _write(error_document("usage", f"{self.prog}: {message}"))
+        sys.exit(EXIT_INVALID)
+
+
+# ---- command line ------------------------------------------------------------------------------------
+def add_commands(subparsers: Any) -> None:
+    """Register ``plan`` on the ``memtopo`` sub-command parser."""
+    plan = subparsers.add_parser(
+        "plan", help="run a placement policy on a JSON request and print the decision as JSON",
+        description="Exit status: 0 decision, 1 unsatisfiable, 2 invalid request/topology/root or usage, "
+                    "3 internal error. Errors are {\"error\": {\"code\", \"message\"}} on stdout.")
+    policies = plan.add_subparsers(dest="policy", required=True, metavar="POLICY", parser_class=_JsonErrorParser)
+
+    cb = policies.add_parser("cpu-binding", help="CPU pools and roles per running Ascend NPU (seed 000)")
+    _request_and_root(cb)
+    cb.add_argument("--pid", type=int, help="also emit a BindingPlan binding this process by thread role")
+    cb.add_argument("--npu", type=int, help="whose pool the process gets (default: the NPU that lists the pid "
+                                            "among its processes, or the only running NPU)")
+    cb.add_argument("--plan-id", help="the plan's id (default: derived from the plan's content)")
+    cb.add_argument("--emit", choices=EMIT_CHOICES,
+                    help="what to print: default decision, or both ({\"decision\", \"plan\"}) with --pid; "
+                         "plan prints the bare BindingPlan for `memtopo apply -`")
+    cb.set_defaults(func=cmd_plan, run=run_cpu_binding)
+
+    for name, run, text, root in (
+        ("guest-pci", run_guest_pci, "NUMA-aware guest PCIe topology for passthrough devices (seed 004)", True),
+        ("place", run_place, "CPUs, GPUs and memory for one allocation on the node (seed 002)", True),
+        ("hccs", run_hccs, "rank Ascend 910 nodes for a job by HCCS ring (seed 001)", False),
+        ("xpu", run_xpu, "rank Kunlunxin P800 nodes for a task by MTF (seed 003)", False),
+    ):
+        p = policies.add_parser(name, help=text)
+        _request_and_root(p, root=root)
+        p.set_defaults(func=cmd_plan, run=run)
+
+    mtf = policies.add_parser("mtf", help="MTF (minimized tasks to fill) of one Kunlunxin P800 node")
+    mtf.add_argument("occupancy", help='8 characters of 0/1, the rightmost is XPU 0 ("00000011")')
+    mtf.set_defaults(func=cmd_mtf)
+
+
+def _request_and_root(p: argparse.ArgumentParser, root: bool = True) -> None:
+    p.add_argument("--request", required=True, metavar="FILE", help="the JSON request, or - for stdin")
+    if root:
+        p.add_argument("--root", help="take topology facts from this captured root (directory or .tar.*) "
+                                      "instead of this host")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    return _answer(lambda: _emit(args, args.run(args, read_request(args.request))))
+
+
+def cmd_mtf(args: argparse.Namespace) -> int:
+    return _answer(lambda: xpu.mtf_of(args.occupancy))
+
+
+def _answer(produce: Callable[[], dict[str, Any]]) -> int:
+    """Run ``produce`` and print its document, or the error document; the exit status."""
+    try:
+        doc = produce()
+    except place.ConstraintError as exc:
+        doc = error_document(exc.code, exc.message, constraint=exc.constraint)
+    except PlanError as exc:
+        doc = error_document(exc.code, exc.message)
+    except UsageError as exc:
+        doc = error_document("usage", str(exc))
+    except CaptureError as exc:
+        doc = error_document("invalid_root", str(exc))
+    except Exception as exc:  # the contract is a JSON answer, never a traceback
+        frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f" at {frame.filename}:{frame.lineno}" if frame else ""
+        doc = error_document("internal", f"{type(exc).__name__}: {exc}{where} (a bug in memtopo; please report it)")
+    _write(doc)
+    return _exit_code(doc["error"]["code"]) if "error" in doc else EXIT_OK
+
+
+# ---- request -----------------------------------------------------------------------------------------
+def _no_constant(name: str) -> NoReturn:
+    # Python's json accepts NaN and Infinity; JSON does not, and a NaN would slip past range checks.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Decoded JSON, or PlanError("invalid_request") saying why it is not JSON."""
+    if len(text) > MAX_REQUEST_BYTES:
+        raise PlanError("invalid_request", f"request: larger than {MAX_REQUEST_BYTES} bytes")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise PlanError("invalid_request", f"request: not JSON: {exc}") from None
+
+
+def read_request(source: str) -> Any:
+    """The request from a file or ``-`` (stdin), decoded."""
+    if source == "-":
+        stream = getattr(sys.stdin, "buffer", sys.stdin)
+        data: str | bytes = stream.read(MAX_REQUEST_BYTES + 1)
+    else:
+        try:
+            with open(source, "rb") as f:
+                data = f.read(MAX_REQUEST_BYTES + 1)
+        except OSError as exc:
+            raise PlanError("invalid_request", f"request: cannot read {source}: {exc.strerror or exc}") from None
+    return parse_json(data)
+
+
+# ---- topology facts ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Facts:
+    """A discovered topology, where it came from, and the NPUs' own SQ/CQ IRQs on that root."""
+
+    topology: pb.MemoryTopology
+    source: str  # the --root argument, or LIVE
+    npu_irqs: Mapping[int, cpu_binding.NpuIrqs] = field(default_factory=dict)  # logical NPU id → IRQs
+
+    def to_json(self, filled: Sequence[str], notes: Sequence[str] = ()) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "node_name": self.topology.node_name,
+                               "fingerprint": self.topology.fingerprint, "filled": list(filled)}
+        if notes:
+            out["notes"] = list(notes)
+        return out
+
+
+@contextmanager
+def _context(root: str | None) -> Iterator[ProbeContext]:
+    # agent.cli imports this module to register `plan`, so its context_for is imported when used.
+    from agent.cli import context_for
+
+    with context_for(root, None) as ctx:
+        yield ctx
+
+
+def discover_facts(root: str | None, with_irqs: bool = False) -> Facts:
+    """Discovery of ``root`` (None: this host); with the NPUs' IRQs when a plan will bind them."""
+    with _context(root) as ctx:
+        topo = discover(ctx)
+        found = npu_irqs(HostFiles(ctx.fs), topo) if with_irqs else {}
+    return Facts(topo, root if root is not None else LIVE, found)
+
+
+def npu_irqs(files: HostFiles, topo: pb.MemoryTopology) -> dict[int, cpu_binding.NpuIrqs]:
+    """Each NPU's SQ and CQ IRQs: its PCI function's ``msi_irqs`` whose action is
+    ``sq_send_trigger_irq`` / ``cq_update_irq`` (notes cpu_binding §A.10, without its CQ = SQ + 1
+    guess). NPUs without such vectors are left out, so the plan falls back as the planner decides."""
+    table: dict[int, irqs.IrqLine] | None = None
+    out: dict[int, cpu_binding.NpuIrqs] = {}
+    for acc in topo.accelerators:
+        if acc.kind != pb.ACCELERATOR_KIND_NPU or parse_bdf(acc.bdf) is None:
+            continue
+        vectors = irqs.msi_irqs(files, acc.bdf)
+        if not vectors:
+            continue
+        if table is None:
+            table = irqs.read_interrupts(files)
+        names = {v: irqs.action_names(files, v, table.get(v)) for v in vectors}
+        sq = tuple(v for v in vectors if cpu_binding.SQ_IRQ_PATTERN in names[v])
+        cq = tuple(v for v in vectors if cpu_binding.CQ_IRQ_PATTERN in names[v])
+        if sq or cq:
+            out[acc.index] = cpu_binding.NpuIrqs(sq, cq)
+    return out
+
+
+def _missing(obj: Mapping[str, Any], keys: Sequence[str]) -> list[str]:
+    return [k for k in keys if obj.get(k) is None]
+
+
+# ---- policies ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanOutput:
+    decision: dict[str, Any]
+    plan: planpb.BindingPlan | None = None
+
+
+def run_cpu_binding(args: argparse.Namespace, obj: Any) -> PlanOutput:
+    if args.pid is None:
+        given = [opt for opt, value in (("--npu", args.npu), ("--plan-id", args.plan_id)) if value is not None]
+        if args.emit in ("plan", "both"):
+            given.append(f"--emit {args.emit}")
+        if given:
+            raise UsageError(f"{given[0]} needs --pid: there is no plan without a process to bind")
+    body = as_object(obj)
+    # cpu_binding.parse_request ignores keys it does not know; a misspelt fact must not be dropped.
+    reject_unknown(body, CPU_BINDING_KEYS, "request")
+    facts: Facts | None = None
+    added: list[str] = []
+    if args.root is not None or _missing(body, CPU_BINDING_REQUIRED):
+        facts = discover_facts(args.root, with_irqs=args.pid is not None)
+        filled = cpu_binding.fill_from_topology(body, facts.topology)
+        still = _missing(filled, CPU_BINDING_REQUIRED)
+        if still:
+            raise PlanError("invalid_request", f"{still[0]}: not in the request, and discovery of {facts.source} "
+                                               "does not give it")
+        added = [k for k in CPU_BINDING_KEYS if body.get(k) is None and filled.get(k) is not None]
+        body = filled
+    req = cpu_binding.parse_request(body)
+    decision = cpu_binding.decide(req)
+    doc: dict[str, Any] = {"policy": cpu_binding.POLICY, **decision.to_json()}
+    if facts is not None:
+        doc["facts"] = facts.to_json(added)
+    plan = _cpu_binding_plan(args, decision, req, facts) if args.pid is not None else None
+    return PlanOutput(doc, plan)
+
+
+def _npu_of_pid(facts: Facts | None, pid: int, decision: cpu_binding.CpuBindingDecision) -> int | None:
+    """The running NPU whose npu-smi process list names ``pid``, if exactly one does."""
+    if facts is None:
+        return None
+    running = {p.npu for p in decision.npus}
+    hits = {a.index for a in facts.topology.accelerators
+            if a.kind == pb.ACCELERATOR_KIND_NPU and a.index in running
+            and str(pid) in a.attributes.get("processes", "").split(",")}
+    return hits.pop() if len(hits) == 1 else None
+
+
+def _cpu_binding_plan(args: argparse.Namespace, decision: cpu_binding.CpuBindingDecision,
+                      req: cpu_binding.CpuBindingRequest, facts: Facts | None) -> planpb.BindingPlan:
+    pid: int = args.pid
+    npu: int | None = args.npu
+    if npu is None:
+        if len(decision.npus) == 1:
+            npu = decision.npus[0].npu
+        else:
+            npu = _npu_of_pid(facts, pid, decision)
+            if npu is None:
+                running = ", ".join(str(p.npu) for p in decision.npus)
+                raise PlanError("invalid_request", f"--npu: the decision covers NPUs {running} and none of them "
+                                                   f"lists pid {pid} as its process: say which NPU's pool it gets")
+    irq = facts.npu_irqs.get(npu) if facts is not None else None
+    plan = cpu_binding.to_binding_plan(
+        decision, req, pid,
+        plan_id=args.plan_id if args.plan_id is not None else "pending",
+        npu=npu, irqs=irq,
+        # apply then refuses the plan on a host whose topology is not the one it was made for.
+        topology_fingerprint=facts.topology.fingerprint if facts is not None else "",
+    )
+    if args.plan_id is None:
+        plan.plan_id = default_plan_id(plan, pid, npu)
+    return plan
+
+
+def default_plan_id(plan: planpb.BindingPlan, pid: int, npu: int) -> str:
+    """``<policy>-pid<P>-npu<N>-<12 hex of the content>``: planning the same thing again gives the same
+    id, which apply answers from its store; a different plan gets a different id instead of a clash."""
+    anonymous = planpb.BindingPlan()
+    anonymous.CopyFrom(plan)
+    anonymous.plan_id = ""
+    return f"{plan.policy}-pid{pid}-npu{npu}-{plan_hash(anonymous)[:12]}"
+
+
+def fill_guest_pci(body: Mapping[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str], list[str]]:
+    """A copy of the request whose devices without ``numa_node`` get their node from the topology
+    (-1, no affinity, for a BDF the host does not have: upstream's "failed to read host NUMA
+    affinity"); the fields filled and notes on the BDFs not found."""
+    out = dict(body)
+    devices = body.get("devices")
+    if not isinstance(devices, list):
+        return out, [], []
+    nodes = {d.bdf.lower(): d.numa_node for d in facts.topology.pci_devices}
+    filled: list[str] = []
+    notes: list[str] = []
+    new: list[Any] = []
+    for i, dev in enumerate(devices):
+        if isinstance(dev, Mapping) and "numa_node" not in dev and isinstance(dev.get("bdf"), str):
+            bdf = dev["bdf"].strip().lower()
+            node = nodes.get(bdf)
+            if node is None:
+                notes.append(f"devices[{i}]: {bdf} is not a PCI device of {facts.source}: no NUMA affinity")
+            dev = {**dev, "numa_node": -1 if node is None else node}
+            filled.append(f"devices[{i}].numa_node")
+        new.append(dev)
+    out["devices"] = new
+    return out, filled, notes
+
+
+def _lacks_numa_node(obj: Mapping[str, Any]) -> bool:
+    devices = obj.get("devices")
+    return isinstance(devices, list) and any(isinstance(d, Mapping) and "numa_node" not in d for d in devices)
+
+
+def run_guest_pci(args: argparse.Namespace, obj: Any) -> PlanOutput:
+    body = as_object(obj)
+    facts: Facts | None = None
+    if args.root is not None or _lacks_numa_node(body):
+        facts = discover_facts(args.root)
+        body, filled, notes = fill_guest_pci(body, facts)
+    decision = guest_pci.decide(guest_pci.parse_request(body))
+    doc = decision.to_json()
+    if facts is not None:
+        doc["facts"] = facts.to_json(filled, notes)
+    return PlanOutput(doc)
+
+
+def parse_topology(obj: Any) -> pb.MemoryTopology:
+    """A MemoryTopology from proto3 JSON (what ``memtopo topo --format json`` prints)."""
+    topo = pb.MemoryTopology()
+    try:
+        json_format.ParseDict(dict(as_object(obj, "topology")), topo)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise PlanError("invalid_request", f"topology: not a MemoryTopology in proto3 JSON: {exc}") from None
+    return topo
+
+
+def run_place(args: argparse.Namespace, obj: Any) -> PlanOutput:
+    body = dict(as_object(obj))
+    inline = body.pop("topology", None)
+    # Parsed before discovery: a bad request is refused without waiting for the host.
+    req = place.parse_request(body)
+    facts: Facts | None = None
+    if inline is not None:
+        if args.root is not None:
+            raise UsageError("the request carries a topology and --root names another; give one of them")
+        topo = parse_topology(inline)
+    else:
+        facts = discover_facts(args.root)
+        topo = facts.topology
+    doc = place.decide(req, topo).to_json()
+    if facts is not None:
+        doc["facts"] = facts.to_json(["topology"])
+    return PlanOutput(doc)
+
+
+def run_hccs(args: argparse.Namespace, obj: Any) -> PlanOutput:
+    return PlanOutput(hccs.decide(hccs.parse_request(obj)).to_json())
+
+
+def run_xpu(args: argparse.Namespace, obj: Any) -> PlanOutput:
+    return PlanOutput(xpu.decide(xpu.parse_request(obj)).to_json())
+
+
+# ---- output ------------------------------------------------------------------------------------------
+def plan_json(plan: planpb.BindingPlan) -> dict[str, Any]:
+    """proto3 JSON with the .proto's field names, as ``apply.planio.load_plan`` reads it."""
+    return json_format.MessageToDict(plan, preserving_proto_field_name=True)
+
+
+def _emit(args: argparse.Namespace, out: PlanOutput) -> dict[str, Any]:
+    emit: str | None = getattr(args, "emit", None)
+    if out.plan is None or emit == "decision":
+        return out.decision
+    if emit == "plan":
+        return plan_json(out.plan)
+    return {"decision": out.decision, "plan": plan_json(out.plan)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m agent.plan_cli plan …``) until agent/cli.py registers the command."""
+    parser = argparse.ArgumentParser(prog="memtopo")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
