@@ -1,0 +1,431 @@
+"""The apply engine against bare system calls, measured in the same run.
+
+**Pinning** (this host): a spawned process with 1,000 threads. The subject is one
+``Engine.apply`` of a plan pinning all its threads, setting a cpuset's CPUs and 20 IRQs' affinity
+(validation, the journal with its fsync, verification and the stored result included; the topology
+is discovered once beforehand, as the agent keeps it). The baseline is a bare loop of
+``os.sched_setaffinity`` over the same TIDs plus one bare ``write`` per file the plan changes.
+Runs alternate subject and baseline; before each timed run everything is put back to the state a
+fresh process has (the engine's own rollback, or the bare inverse), untimed, so both sides do the
+same work every time. Target: ratio <= 2.0.
+
+Threads and the cpuset are real (a cgroup v1/v2 cpuset created for the run and removed after). The
+20 IRQs are on a fake ``/proc/irq`` tree (tests/apply_fakes.py) spliced into the live root: this
+host has fewer than 20 IRQs and they carry its own disk and network, which a benchmark must not
+move back and forth thousands of times.
+
+**Migration** (the numa-vm lab, ``--lab``): a process with ``--mib`` MiB on node 0. The subject is
+``Engine.apply`` of a page_migration plan (in the process, as the agent runs it; the topology found
+once); the baselines are numactl's ``migratepages`` when the guest has it (the guest runs this host's
+root: ``apt-get install numactl`` here) and a raw ``migrate_pages(2)`` through ctypes. Every side
+moves the pages once each way per round, sides interleaved. Throughput is what numa_maps says was
+on the source node before, divided by the time. Target: memtopo MB/s / baseline MB/s >= 0.9.
+
+    .venv/bin/python bench/apply.py [--repeat N] [--threads N] [--profile]
+    .venv/bin/python bench/apply.py --lab [--repeat N] [--mib N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import ctypes
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from apply import cgroups  # noqa: E402
+from apply.config import ApplyConfig  # noqa: E402
+from apply.engine import Engine  # noqa: E402
+from apply.host import Host, HostFiles, LinuxKernel, parse_numa_maps  # noqa: E402
+from discovery.cpulist import format_cpulist  # noqa: E402
+from discovery.discover import discover  # noqa: E402
+from discovery.hostfs import HostFS  # noqa: E402
+from discovery.source import ProbeContext  # noqa: E402
+from memtopo.v1 import plan_pb2 as planpb  # noqa: E402
+from memtopo.v1 import topology_pb2 as pb  # noqa: E402
+from tests.apply_fakes import FakeIrq, cpuset, irq, migrate, plan, threads, write_root  # noqa: E402
+
+NUMA_VM = REPO.parent / "shared" / "lab" / "numa-vm"
+LAB_MARK = "MEMTOPO_BENCH_MIGRATION "
+WARMUP = 3
+N_IRQS = 20
+# Far above any IRQ number of this host, so the fake ones never shadow a real /proc/irq entry.
+FIRST_FAKE_IRQ = 100_000
+_IRQ_PATHS = ("proc/irq/", "proc/interrupts", "sys/kernel/irq/")
+
+P = planpb.PlanResult
+
+# A process with N threads parked on an event; prints its thread ids.
+THREADS_CHILD = r"""
+import json, os, sys, threading
+threading.stack_size(64 << 10)
+n = int(sys.argv[1])
+stop = threading.Event()
+tids = []
+lock = threading.Lock()
+def run():
+    with lock:
+        tids.append(threading.get_native_id())
+    stop.wait()
+for _ in range(n - 1):
+    threading.Thread(target=run, daemon=True).start()
+while len(tids) < n - 1:
+    pass
+print(json.dumps(sorted([threading.get_native_id(), *tids])), flush=True)
+sys.stdin.readline()
+"""
+
+# A process with MiB of anonymous memory touched while running on the CPUs given (their node).
+MEMORY_CHILD = r"""
+import mmap, os, sys
+mib, cpus = int(sys.argv[1]), sys.argv[2]
+everything = os.sched_getaffinity(0)
+os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+buf = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for off in range(0, len(buf), 4096):
+    buf[off] = 1
+os.sched_setaffinity(0, everything)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+# ---- the live root with a fake IRQ tree ------------------------------------------------------------
+@dataclass(frozen=True)
+class _SplitFS(HostFS):
+    """The live root, except the IRQ files, which come from ``irq_root``."""
+
+    irq_root: str = ""
+
+    def _join(self, rel: str) -> str:
+        path = super()._join(rel)
+        return self.irq_root + path if rel.lstrip("/").startswith(_IRQ_PATHS) else path
+
+
+class _SplitFiles(HostFiles):
+    """HostFiles on :class:`_SplitFS`: the write checks run on the live paths (as in production),
+    and only the final write of an IRQ file lands in the fake tree."""
+
+    def __init__(self, irq_root: str) -> None:
+        super().__init__(_SplitFS(Path("/"), irq_root))
+        self.irq_root = irq_root
+
+    def _write(self, path: str, data: bytes) -> None:
+        super()._write(self.irq_root + path if path.startswith("/proc/irq/") else path, data)
+
+    def writable_by_us(self, rel: str) -> bool:
+        return os.access(self.fs.path(rel), os.W_OK)
+
+
+def _bare_write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+# ---- pinning ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _threads_child(n: int) -> Iterator[tuple[int, list[int]]]:
+    proc = subprocess.Popen([sys.executable, "-c", THREADS_CHILD, str(n)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        tids: list[int] = json.loads(proc.stdout.readline())
+        yield proc.pid, tids
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _bench_cpuset(host: Host) -> Iterator[tuple[cgroups.Hierarchy, str]]:
+    """A cpuset cgroup for the run (all CPUs and memory nodes of its parent), removed afterwards."""
+    hier = cgroups.detect(host.files)
+    if isinstance(hier, str):
+        raise SystemExit(f"bench/apply.py: no cpuset hierarchy on this host: {hier}")
+    name = f"memtopo-bench-{uuid.uuid4().hex[:8]}"
+    d = Path("/") / hier.dir(name)
+    d.mkdir()
+    try:
+        if hier.version == 1:  # a v1 cpuset starts empty
+            for f in (hier.cpus_file, hier.mems_file):
+                (d / f).write_text((Path("/") / hier.file("", f)).read_text().strip())
+        yield hier, name
+    finally:
+        d.rmdir()
+
+
+@dataclass(frozen=True)
+class PinSetup:
+    pid: int
+    tids: list[int]
+    cpus_file: str  # absolute
+    irq_files: list[str]  # absolute, in the fake tree
+    all_cpus: frozenset[int]
+    target: frozenset[int]
+
+    def plan(self, plan_id: str, cgroup: str) -> planpb.BindingPlan:
+        cpus = sorted(self.target)
+        return plan(plan_id, threads("pin", self.pid, cpus, all=True), cpuset("cs", cgroup, cpus=cpus),
+                    *(irq(f"irq{i}", cpus, number=FIRST_FAKE_IRQ + i) for i in range(N_IRQS)))
+
+    def bare(self) -> None:
+        """What the plan does, and nothing else: one system call per thread, one write per file."""
+        self._set(self.tids)
+
+    def bare_listing(self) -> None:
+        """Context: a bare tool must first find the threads (the plan says "all")."""
+        self._set(list(map(int, os.listdir(f"/proc/{self.pid}/task"))))
+
+    def bare_undoable(self) -> None:
+        """Context: finding the threads and reading what each holds, the least any tool that can put
+        things back must do (no verification, no journal)."""
+        tids = list(map(int, os.listdir(f"/proc/{self.pid}/task")))
+        previous = list(map(os.sched_getaffinity, tids))
+        assert len(previous) == len(tids)
+        self._set(tids)
+
+    def _set(self, tids: list[int]) -> None:
+        setaff = os.sched_setaffinity
+        target = self.target
+        for tid in tids:
+            setaff(tid, target)
+        text = format_cpulist(target)
+        _bare_write(self.cpus_file, text)
+        for f in self.irq_files:
+            _bare_write(f, text)
+
+    def reset(self) -> None:
+        """Back to a fresh process's state (untimed): every CPU everywhere."""
+        text = format_cpulist(self.all_cpus)
+        for tid in self.tids:
+            os.sched_setaffinity(tid, self.all_cpus)
+        _bare_write(self.cpus_file, text)
+        for f in self.irq_files:
+            _bare_write(f, text)
+
+
+Timed = tuple[Callable[[], None], Callable[[], None]]  # (run, untimed reset before it)
+
+
+def _time_all(variants: dict[str, Timed], repeat: int) -> dict[str, list[float]]:
+    """Every variant once per round, in turn (a load spike on this shared 2-core machine lands on
+    all alike instead of on whichever block was running); each starts from the same state."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(WARMUP + repeat):
+        for name, (fn, reset) in variants.items():
+            reset()
+            t0 = time.perf_counter()
+            fn()
+            if r >= WARMUP:
+                samples[name].append(time.perf_counter() - t0)
+    return samples
+
+
+def pinning(repeat: int, nthreads: int, profile: bool) -> int:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("bench/apply.py: needs two allowed CPUs")
+    topo = discover(ProbeContext.live())
+    # The state directory on disk, as /var/lib/memtopo is (its fsyncs are part of the cost); the fake
+    # IRQ tree in memory, as procfs is (on ext4, rewriting a truncated file waits for writeback).
+    tmp = Path(tempfile.mkdtemp(prefix="memtopo-bench-apply."))
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    irq_root = Path(tempfile.mkdtemp(prefix="memtopo-bench-irqs.", dir=shm))
+    write_root(irq_root, [], [FakeIrq(FIRST_FAKE_IRQ + i, f"bench{i}", affinity=tuple(cpus)) for i in range(N_IRQS)])
+    files = _SplitFiles(str(irq_root))
+    host = Host(LinuxKernel(), files)
+    try:
+        with _threads_child(nthreads) as (pid, tids), _bench_cpuset(host) as (hier, cg):
+            engine = Engine(host, lambda: topo, tmp / "state", ApplyConfig(cgroup_prefixes=(cg,)))
+            setup = PinSetup(pid, tids, "/" + hier.file(cg, hier.cpus_file),
+                             [f"{irq_root}/proc/irq/{FIRST_FAKE_IRQ + i}/smp_affinity_list" for i in range(N_IRQS)],
+                             frozenset(cpus), frozenset(cpus[-1:]))
+            counter = iter(range(1 << 30))
+            last: list[str] = []
+
+            def subject() -> None:
+                plan_id = f"bench-{next(counter)}"
+                res = engine.apply(setup.plan(plan_id, cg))
+                if res.state != P.STATE_APPLIED:
+                    raise SystemExit(f"bench/apply.py: the plan did not apply: {res}")
+                last.append(plan_id)
+
+            def reset_subject() -> None:
+                if last:
+                    rb = engine.rollback(last.pop())
+                    if rb.state != P.STATE_ROLLED_BACK:
+                        raise SystemExit(f"bench/apply.py: rollback failed: {rb}")
+                setup.reset()
+
+            samples = _time_all({"bare": (setup.bare, setup.reset), "engine": (subject, reset_subject),
+                                 "bare_listing": (setup.bare_listing, setup.reset),
+                                 "bare_undoable": (setup.bare_undoable, setup.reset)}, repeat)
+            _print_pinning(len(tids), samples)
+            if profile:
+                _profile(subject, reset_subject)
+            reset_subject()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(irq_root, ignore_errors=True)
+    return 0
+
+
+def _print_pinning(nthreads: int, samples: dict[str, list[float]]) -> None:
+    base_s, subj_s = samples["bare"], samples["engine"]
+    b_med, s_med = statistics.median(base_s), statistics.median(subj_s)
+    print(f"{'plan':<44} {'bare ms':>9} {'engine ms':>10} {'ratio':>6} {'ratio(min)':>10}")
+    print(f"{f'{nthreads} threads + cpuset + {N_IRQS} IRQs (fake root)':<44} {b_med * 1e3:>9.2f} "
+          f"{s_med * 1e3:>10.2f} {s_med / b_med:>6.2f} {min(subj_s) / min(base_s):>10.2f}")
+    print(f"(median of {len(base_s)} alternating runs after warm-up; engine = Engine.apply: validation, "
+          "journal + fsync, apply, verify, stored result; target ratio <= 2.0)")
+    for name, label in (("bare_listing", "bare + listing /proc/PID/task"),
+                        ("bare_undoable", "bare + listing + reading the previous masks")):
+        med = statistics.median(samples[name])
+        print(f"  context: {label:<44} {med * 1e3:>7.2f} ms  (engine / this = {s_med / med:.2f})")
+
+
+def _profile(subject: Callable[[], None], reset: Callable[[], None], runs: int = 20) -> None:
+    prof = cProfile.Profile()
+    for _ in range(runs):
+        reset()
+        prof.enable()
+        subject()
+        prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    print(f"\ncProfile of {runs} Engine.apply runs (tottime, then cumulative):")
+    print(out.getvalue())
+
+
+# ---- migration (inside the lab) ----------------------------------------------------------------------
+def _raw_migrate_pages(pid: int, old: int, new: int) -> int:
+    """migrate_pages(2) with nothing around it (x86_64 syscall 256): the bare baseline."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    old_mask, new_mask = ctypes.c_ulong(1 << old), ctypes.c_ulong(1 << new)
+    rc: int = libc.syscall(ctypes.c_long(256), ctypes.c_int(pid), ctypes.c_ulong(65), ctypes.byref(old_mask),
+                           ctypes.byref(new_mask))
+    if rc < 0:
+        raise OSError(ctypes.get_errno(), "migrate_pages")
+    return rc
+
+
+def migration_inner(repeat: int, mib: int) -> int:
+    """Runs in the guest: interleaved baseline and engine migrations; one JSON line on stdout."""
+    topo: pb.MemoryTopology = discover(ProbeContext.live())
+    node0 = (Path("/sys/devices/system/node/node0/cpulist")).read_text().strip().replace("-", ",")
+    tool = shutil.which("migratepages")
+    engine = Engine(Host.live(), lambda: topo, tempfile.mkdtemp(prefix="memtopo-bench-state."),
+                    ApplyConfig(irqbalance="leave"))
+    proc = subprocess.Popen([sys.executable, "-c", MEMORY_CHILD, str(mib), node0], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    pid = proc.pid
+    counter = iter(range(1 << 30))
+
+    def on(node: int) -> int:
+        return parse_numa_maps(Path(f"/proc/{pid}/numa_maps").read_text()).get(node, 0)
+
+    def raw(src: int, dst: int) -> None:
+        _raw_migrate_pages(pid, src, dst)
+
+    def numactl(src: int, dst: int) -> None:
+        assert tool is not None
+        subprocess.run([tool, str(pid), str(src), str(dst)], check=True)
+
+    def subject(src: int, dst: int) -> None:
+        res = engine.apply(plan(f"mig-{next(counter)}", migrate("m", pid, [src], [dst])))
+        if res.state != P.STATE_APPLIED:
+            raise SystemExit(f"migration plan did not apply: {res}")
+
+    sides: dict[str, Callable[[int, int], None]] = {"raw": raw, "memtopo": subject}
+    if tool:
+        sides["migratepages"] = numactl
+    # Each round every side moves the pages once each way, sides interleaved (a, b, c, c, b, a with
+    # directions alternating 0→1, 1→0, …): the pages always lie where the next side starts.
+    names = [*sides, *reversed(sides)]
+    order = [(name, (0, 1) if i % 2 == 0 else (1, 0)) for i, name in enumerate(names)]
+    samples: dict[str, list[tuple[int, float]]] = {name: [] for name in sides}
+    try:
+        for r in range(repeat + 1):
+            for name, (src, dst) in order:
+                pages = on(src)
+                t0 = time.perf_counter()
+                sides[name](src, dst)
+                dt = time.perf_counter() - t0
+                if r > 0:  # round 0 warms up
+                    samples[name].append((pages, dt))
+    finally:
+        proc.kill()
+        proc.wait()
+    out = {name: {"mb_s": [p * 4096 / 1e6 / dt for p, dt in s], "pages": [p for p, _ in s],
+                  "seconds": [dt for _, dt in s]} for name, s in samples.items()}
+    print(LAB_MARK + json.dumps({"mib": mib, "sides": out}), flush=True)
+    return 0
+
+
+def migration_lab(repeat: int, mib: int) -> int:
+    cmd = [str(NUMA_VM), "run", "--timeout", "1200", "--", sys.executable, str(Path(__file__).resolve()),
+           "--migration-inner", "--repeat", str(repeat), "--mib", str(mib)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    line = next((x for x in res.stdout.splitlines() if x.startswith(LAB_MARK)), None)
+    if res.returncode != 0 or line is None:
+        print(res.stdout[-3000:], res.stderr[-3000:], sep="\n", file=sys.stderr)
+        return 1
+    data = json.loads(line[len(LAB_MARK):])
+    sides = data["sides"]
+    mt = statistics.median(sides["memtopo"]["mb_s"])
+    print(f"{'migration in the numa-vm lab, ' + str(mib) + ' MiB':<44} {'MB/s':>7} {'memtopo/this':>12}")
+    for name, label in (("migratepages", "numactl migratepages (the target's baseline)"),
+                        ("raw", "raw migrate_pages(2) via ctypes"), ("memtopo", "memtopo Engine.apply page_migration")):
+        if name in sides:
+            med = statistics.median(sides[name]["mb_s"])
+            print(f"{label:<44} {med:>7.1f} {mt / med:>12.2f}")
+    if "migratepages" not in sides:
+        print("(no migratepages in the guest: the raw syscall is the baseline)")
+    print(f"(median of {len(sides['memtopo']['mb_s'])} migrations per side, node 0 <-> 1 alternating, sides "
+          "interleaved; target memtopo/baseline >= 0.9; TCG: absolute MB/s mean nothing, ratios do)")
+    for name, s in sides.items():
+        print(f"  {name} MB/s per run: " + " ".join(f"{x:.0f}" for x in s["mb_s"]))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1000)
+    parser.add_argument("--profile", action="store_true", help="also cProfile the engine's apply path")
+    parser.add_argument("--lab", action="store_true", help="the migration benchmark, in the numa-vm lab")
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--migration-inner", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.migration_inner:
+        return migration_inner(args.repeat, args.mib)
+    if args.lab:
+        return migration_lab(args.repeat, args.mib)
+    return pinning(args.repeat, args.threads, args.profile)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
