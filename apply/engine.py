@@ -33,6 +33,7 @@ from apply.host import Host
 from apply.journal import JournalState, JournalWriter, StateStore, plan_hash
 from apply.undo import Outcome, UndoOp, restore_all
 from apply.validate import Validation, validate
+from discovery.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 
@@ -70,6 +71,7 @@ class Engine:
         self.hook = hook
         self._lock = threading.RLock()
         self._irqbalance_seen: tuple[float, irqbalance.Irqbalance | None] | None = None
+        self._boot_id: str | None = None
 
     # ---- public --------------------------------------------------------------------------------------
     def apply(self, plan: planpb.BindingPlan, dry_run: bool = False) -> planpb.PlanResult:
@@ -146,6 +148,16 @@ class Engine:
         ib = irqbalance.detect(self.host.procs, self.host.files)
         self._irqbalance_seen = (now, ib)
         return ib
+
+    def boot_id(self) -> str:
+        """This boot's id (read once): a journal written under another one guards nothing that
+        still exists."""
+        if self._boot_id is None:
+            try:
+                self._boot_id = self.host.files.read_text("proc/sys/kernel/random/boot_id").strip()
+            except HostReadError:
+                self._boot_id = ""
+        return self._boot_id
 
     def _call_hook(self, event: str, action: planpb.PlanAction) -> None:
         if self.hook is not None:
@@ -294,7 +306,19 @@ class Engine:
 
     def _recover_pending(self) -> list[planpb.PlanResult]:
         out: list[planpb.PlanResult] = []
+        boot = self.boot_id()
         for js in self.store.pending():
+            if js.boot_id and boot and js.boot_id != boot:
+                # The host rebooted mid-plan: thread masks, cpusets, IRQ masks and page placement
+                # were reset with it, and IRQ numbers, pids and cgroups may now name other objects.
+                # Restoring the recorded values would change those, so the journal is only closed.
+                self.store.append(js.plan_id, [{"t": "end", "state": P.State.Name(P.STATE_FAILED)}])
+                self.store.mark_closed(js.plan_id)
+                out.append(planpb.PlanResult(
+                    plan_id=js.plan_id, state=P.STATE_FAILED,
+                    message=f"interrupted before a reboot (boot {js.boot_id[:8]}); nothing restored: the "
+                            "reboot reset what the plan had changed"))
+                continue
             self._hierarchy()
             stored = self.store.load_result(js.plan_id)
             if stored is not None and not js.rollback_open:
@@ -333,7 +357,7 @@ class _Run:
 
     def _journal(self) -> JournalWriter:
         if self.journal is None:
-            self.journal = self.engine.store.begin(self.plan, self.sha)
+            self.journal = self.engine.store.begin(self.plan, self.sha, self.engine.boot_id())
         return self.journal
 
     def _note(self, record: dict[str, str]) -> None:

@@ -76,6 +76,8 @@ class JournalState:
     ended: bool = False
     rollback_open: bool = False
     rolled_back: bool = False
+    # /proc/sys/kernel/random/boot_id of the boot that wrote it ("" in journals from before).
+    boot_id: str = ""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -194,12 +196,13 @@ class StateStore:
                     (pending_dir / key).unlink()
         return out
 
-    def begin(self, plan: planpb.BindingPlan, sha: str) -> JournalWriter:
+    def begin(self, plan: planpb.BindingPlan, sha: str, boot_id: str = "") -> JournalWriter:
         self.mark_open(plan.plan_id)
         w = JournalWriter(self.journal_path(plan.plan_id))
         # Not synced on its own: the first undo record's fsync covers it.
         w.write([{"t": "begin", "plan_id": plan.plan_id, "plan_sha256": sha, "pid": os.getpid(),
-                  "time": time.time(), "plan": base64.b64encode(plan.SerializeToString()).decode()}])
+                  "boot_id": boot_id, "time": time.time(),
+                  "plan": base64.b64encode(plan.SerializeToString()).decode()}])
         return w
 
     def append(self, plan_id: str, records: Sequence[dict[str, Any]], sync: bool = False) -> None:
@@ -297,6 +300,7 @@ class StateStore:
         if kind == "begin":
             st.plan_id = str(rec["plan_id"])
             st.plan_sha256 = str(rec["plan_sha256"])
+            st.boot_id = str(rec.get("boot_id", ""))
             plan = planpb.BindingPlan()
             plan.ParseFromString(base64.b64decode(rec["plan"]))
             st.plan = plan

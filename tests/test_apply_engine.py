@@ -266,6 +266,30 @@ def test_killed_mid_plan_is_rolled_back_by_recover(m: FakeMachine) -> None:
     assert fresh.apply(_three()).state == P.STATE_ROLLED_BACK
 
 
+def test_a_journal_from_before_a_reboot_is_closed_not_restored(m: FakeMachine) -> None:
+    """After a reboot the recorded previous values describe objects that no longer exist (IRQ
+    numbers and pids are reused): recovery must not write them."""
+    boot = m.root / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True, exist_ok=True)
+    boot.write_text("boot-one\n")
+
+    def hook(event: str, action: planpb.PlanAction) -> None:
+        if event == "after_action" and action.id == "c":
+            raise Crash
+
+    with pytest.raises(Crash):
+        m.engine(hook=hook).apply(_three())
+    boot.write_text("boot-two\n")
+    changed = _host_state(m)
+    calls = len(m.kernel.calls)
+    [r] = m.engine().recover()
+    assert r.plan_id == "three" and r.state == P.STATE_FAILED and "reboot" in r.message
+    assert not [c for c in m.kernel.calls[calls:] if c[0] in m.kernel.MUTATING]
+    assert _host_state(m) == changed
+    assert not any((m.state_dir / "pending").iterdir())
+    assert m.engine().recover() == []
+
+
 def test_killed_inside_an_action_restores_its_partial_changes(m: FakeMachine) -> None:
     start = _host_state(m)
 
