@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from agent.apply_cli import add_commands as add_apply_commands
 from agent.plan_cli import add_commands as add_plan_commands
+from agent.query_cli import add_commands as add_agent_commands
 from agent.render import render, render_links
 from discovery.capture import CaptureError, gather, open_root
 from discovery.discover import discover
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_apply_commands(sub)
     add_plan_commands(sub)
+    add_agent_commands(sub)
     add_controller_commands(sub)
     return parser
 

@@ -1,0 +1,818 @@
+"""Transport security of the agent's gRPC server: who is calling, and may they change the host.
+
+grpc does not show servicers the SO_PEERCRED of a Unix-socket peer (grpc/grpc#15511, #28755), and
+Python's ``ssl_server_credentials`` can either *require* client certificates or not request them at
+all (``require_client_auth=False`` is GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE). Neither gives what
+the agent needs, so its public listeners belong to a :class:`Front` and the grpc.aio server listens
+only on a private Unix socket in a 0700 directory. For every accepted connection the front records
+who the peer is — SO_PEERCRED and SO_PEERGROUPS for the Unix socket, the verified client certificate
+(if any) for TLS — binds its upstream socket to a fresh abstract name and connects to the private
+socket. grpc reports that name as ``context.peer()`` (``unix-abstract:memtopo.…``); the name is only
+a key into the front's table, never parsed, so nothing a client sends can claim an identity.
+
+Unix-socket bytes are moved by one thread with epoll and splice(2) through a pipe per direction: the
+kernel copies, the GIL is held only between system calls, and the pipe is the bounded buffer (a
+side that stops reading stops the other side being read). TLS is terminated with the ssl module on
+the event loop, client certificates requested and verified when a client CA is configured but not
+required, so read-only RPCs work with server-only TLS. docs/transport.md has the measurements.
+
+Order of use::
+
+    front = prepare_local(server, "/run/memtopo/agent.sock", 0o660, "memtopo")  # before server.start()
+    port = front.listen_tcp("0.0.0.0:7443", server_tls_context(cert, key, client_ca))  # optional
+    await server.start()
+    await front.start()
+    ...
+    await server.stop(grace)   # in-flight answers still flow through the front
+    await front.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import fcntl
+import functools
+import grp
+import ipaddress
+import os
+import secrets
+import select
+import shutil
+import socket
+import ssl
+import stat
+import struct
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import grpc
+
+from .config import AddressError, parse_host_port
+from .logs import get_logger
+
+log = get_logger(component="transport")
+
+# Linux ≥ 4.13; Python's socket module does not name it.
+SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)
+# Python's getsockopt allows at most 1024 bytes (256 groups); NGROUPS_MAX is 65536.
+_GROUPS_FIRST_BYTES: Final = 1024
+_GROUPS_MAX_BYTES: Final = 65536 * 4
+# One pipe per direction and connection. 1 MiB (the default pipe-max-size) holds a whole topology
+# answer, so a response crosses in one splice each way; over the per-user pipe quota the kernel's
+# default size still works, only with more round trips.
+PIPE_BYTES: Final = 1 << 20
+# Rounds of read+write per flow and event, so one busy stream cannot starve the others; epoll is
+# level-triggered and reports what is left.
+_ROUNDS_PER_EVENT: Final = 4
+# A local connection costs six descriptors (two sockets, two pipes).
+DEFAULT_MAX_CONNECTIONS: Final = 128
+UPSTREAM_CONNECT_TIMEOUT: Final = 2.0
+TLS_HANDSHAKE_TIMEOUT: Final = 10.0
+_TLS_CHUNK: Final = 256 * 1024
+_SPLICE_FLAGS: Final = os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE
+
+
+
+class TransportError(Exception):
+    """A listener or credential that cannot be set up (bad path, group, address, certificate)."""
+
+
+class SocketInUseError(TransportError):
+    """Another live agent (or another program) owns the Unix socket path."""
+
+
+@dataclass(frozen=True)
+class PeerCred:
+    """The credentials of a Unix-socket peer when it connected (SO_PEERCRED, SO_PEERGROUPS)."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TlsPeer:
+    """A TCP peer of the TLS front. ``client_cert`` is True only for a certificate that verified
+    against the client CA; ``common_name`` and ``names`` (``DNS:…``, ``IP Address:…``, ``URI:…``)
+    come from it."""
+
+    address: str
+    client_cert: bool
+    common_name: str = ""
+    names: tuple[str, ...] = ()
+
+
+class PeerContext(Protocol):
+    """What authorization needs from a servicer context (grpc.aio's and grpc's both fit)."""
+
+    def peer(self) -> str: ...
+
+    def auth_context(self) -> Mapping[str, Iterable[bytes]]: ...
+
+    def peer_identities(self) -> Iterable[bytes] | None: ...
+
+
+# context.peer() → who is behind it. Written by the fronts (pump thread, event loop), read by
+# servicers; single dict operations are atomic under the GIL.
+_PEERS: dict[str, PeerCred | TlsPeer] = {}
+
+
+def _new_peer_name(tag: str) -> tuple[str, str]:
+    """(abstract socket name without the leading NUL, the peer string grpc will report for it).
+
+    Random per connection: abstract names are visible to every local user (/proc/net/unix), and a
+    predictable next name could be bound first to make the front drop that connection. Only
+    ``[a-z0-9.]``, which grpc does not percent-escape in a peer string."""
+    name = f"memtopo.{secrets.token_hex(8)}.{tag}"
+    return name, f"unix-abstract:{name}"
+
+
+# ---- identity and authorization ------------------------------------------------------------------
+
+
+def socket_peer_cred(sock: socket.socket) -> PeerCred:
+    """The connecting process's credentials, as the kernel captured them at connect(2)."""
+    fmt = "iII"  # struct ucred: pid_t, uid_t, gid_t
+    pid, uid, gid = struct.unpack(fmt, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                       struct.calcsize(fmt)))
+    return PeerCred(pid=pid, uid=uid, gid=gid, groups=_peer_groups(sock))
+
+
+def _peer_groups(sock: socket.socket) -> tuple[int, ...]:
+    # SO_PEERGROUPS, not /proc/<pid>/status or getgrouplist(uid): these are the groups the kernel
+    # checked against the socket file's mode at connect time, with no pid-reuse race and no
+    # difference between the user database and what the process really holds.
+    try:
+        return parse_groups(sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, _GROUPS_FIRST_BYTES))
+    except OSError as exc:
+        if exc.errno == errno.ENOPROTOOPT:
+            return ()  # kernel < 4.13: only the primary gid counts (fails closed)
+        if exc.errno != errno.ERANGE:
+            raise
+    # More groups than Python's getsockopt accepts room for (1024 bytes): ask libc directly.
+    buf = ctypes.create_string_buffer(_GROUPS_MAX_BYTES)
+    size = ctypes.c_uint32(_GROUPS_MAX_BYTES)
+    if _libc().getsockopt(sock.fileno(), socket.SOL_SOCKET, SO_PEERGROUPS, buf, ctypes.byref(size)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return parse_groups(buf.raw[:size.value])
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def parse_groups(raw: bytes) -> tuple[int, ...]:
+    """The gid_t array SO_PEERGROUPS returns (native order); a trailing partial entry is ignored."""
+    count = len(raw) // 4
+    return struct.unpack(f"={count}I", raw[:count * 4])
+
+
+def resolve_gid(group: str) -> int:
+    """A group name or numeric id → gid."""
+    if group.isascii() and group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except (KeyError, ValueError):  # ValueError: an embedded NUL
+        raise TransportError(f"group {group!r} does not exist") from None
+
+
+def peer_cred(context: PeerContext) -> PeerCred | None:
+    """The Unix-socket credentials behind ``context``; None for TCP and for unidentified peers."""
+    ident = _PEERS.get(context.peer())
+    return ident if isinstance(ident, PeerCred) else None
+
+
+def tls_peer(context: PeerContext) -> TlsPeer | None:
+    """The TLS front's view of a TCP peer (address, client certificate); None otherwise."""
+    ident = _PEERS.get(context.peer())
+    return ident if isinstance(ident, TlsPeer) else None
+
+
+def authorize_apply(context: PeerContext, allowed_group: str | None) -> str | None:
+    """None when the caller may change the host (ApplyPlan), else the reason it may not.
+
+    Unix socket: uid 0, or ``allowed_group`` is the peer's primary or a supplementary group.
+    TCP: a client certificate that verified against the client CA. Anything else is refused,
+    including a peer this module did not identify (fails closed)."""
+    peer = context.peer()
+    ident = _PEERS.get(peer)
+    if isinstance(ident, PeerCred):
+        return _authorize_local(ident, allowed_group)
+    if isinstance(ident, TlsPeer):
+        if ident.client_cert:
+            return None
+        return f"TCP peer {ident.address} presented no client certificate: ApplyPlan over TCP needs mutual TLS"
+    if peer.startswith(("ipv4:", "ipv6:")):
+        return _authorize_native_tcp(peer, context)
+    return f"unidentified peer {peer!r}: ApplyPlan needs the agent's Unix socket or mutual TLS"
+
+
+def _authorize_local(cred: PeerCred, allowed_group: str | None) -> str | None:
+    if cred.uid == 0:
+        return None
+    who = f"local peer uid {cred.uid} (pid {cred.pid})"
+    if not allowed_group:
+        return f"{who} is not root, and no socket group is configured to allow others"
+    try:
+        gid = resolve_gid(allowed_group)
+    except TransportError as exc:
+        return f"{who} is not root, and the socket group cannot be resolved: {exc}"
+    if gid == cred.gid or gid in cred.groups:
+        return None
+    return f"{who} is neither root nor in group {allowed_group!r} (gid {gid})"
+
+
+def _authorize_native_tcp(peer: str, context: PeerContext) -> str | None:
+    # A port grpc serves itself (not through the TLS front): grpc fills the x509 properties and
+    # the peer identity only from a certificate it verified, which Python's API can only require.
+    security = [bytes(v) for v in context.auth_context().get("transport_security_type", ())]
+    if b"ssl" not in security:
+        return f"plaintext TCP peer {peer}: ApplyPlan over TCP needs mutual TLS"
+    if not list(context.peer_identities() or ()):
+        return f"TCP peer {peer} presented no client certificate: ApplyPlan over TCP needs mutual TLS"
+    return None
+
+
+# ---- credentials ----------------------------------------------------------------------------------
+
+
+def server_tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
+    """TLS for :meth:`Front.listen_tcp`: TLS 1.3, ALPN h2 (grpc clients require it). With
+    ``client_ca`` a client certificate is requested and verified — a bad one fails the handshake —
+    but not required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise TransportError(f"TLS certificate {cert} / key {key}: {_reason(exc)}") from None
+    if client_ca:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise TransportError(f"TLS client CA {client_ca}: {_reason(exc)}") from None
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+def channel_credentials(ca: str | None, cert: str | None, key: str | None) -> grpc.ChannelCredentials:
+    """TLS credentials for dialing (the controller link, ``memtopo query`` over TCP): ``ca`` None =
+    the system roots; ``cert`` and ``key`` together present a client certificate (mTLS)."""
+    if bool(cert) != bool(key):
+        raise TransportError("a client certificate and its key go together")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(ca, "CA") if ca else None,
+        private_key=_read_pem(key, "key") if key else None,
+        certificate_chain=_read_pem(cert, "certificate") if cert else None)
+
+
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise TransportError(f"TLS {what} {path}: {_reason(exc)}") from None
+    if b"-----BEGIN " not in data:
+        raise TransportError(f"TLS {what} {path}: not a PEM file")
+    return data
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+# ---- the front ------------------------------------------------------------------------------------
+
+
+def prepare_local(server: grpc.aio.Server, socket_path: str, mode: int, group: str | None,
+                  *, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Front:
+    """A front for ``server`` with its Unix listener bound: call before ``server.start()``, then
+    ``await front.start()`` after it. The private upstream directory sits beside the socket."""
+    front = Front(server, os.path.dirname(os.path.abspath(socket_path)), max_connections=max_connections)
+    try:
+        front.listen_unix(socket_path, mode, group)
+    except BaseException:
+        front.discard()
+        raise
+    return front
+
+
+class Front:
+    """The public listeners of one grpc.aio server. Construct before ``server.start()`` (it adds
+    the private port), add listeners, ``await start()`` after ``server.start()``, and ``await
+    stop()`` after ``server.stop()`` so answers in flight still reach their clients."""
+
+    def __init__(self, server: grpc.aio.Server, runtime_dir: str | None = None,
+                 *, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        if max_connections < 1:
+            raise TransportError(f"max_connections must be positive, not {max_connections}")
+        self._max = max_connections
+        self.unix_path: str | None = None
+        self.tcp_ports: list[int] = []
+        self._unix_listener: socket.socket | None = None
+        self._unix_inode: tuple[int, int] | None = None
+        self._lock_fd: int | None = None
+        self._tcp_listeners: list[tuple[socket.socket, ssl.SSLContext]] = []
+        self._pump: _UnixPump | None = None
+        self._tls_servers: list[asyncio.Server] = []
+        self._tls_tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._stopped = False
+        base = runtime_dir or tempfile.gettempdir()
+        try:
+            _make_dirs(base)
+            # mkdtemp: a fresh 0700 directory nobody else can have prepared or can enter.
+            self._private_dir = tempfile.mkdtemp(prefix=".memtopo-grpc-", dir=base)
+        except OSError as exc:
+            raise TransportError(f"{base}: cannot create the private socket directory: {_reason(exc)}") from None
+        self.upstream_path = os.path.join(self._private_dir, "grpc.sock")
+        try:
+            server.add_insecure_port(f"unix:{self.upstream_path}")
+        except RuntimeError as exc:
+            self.discard()
+            raise TransportError(f"{self.upstream_path}: grpc cannot listen: {exc}") from None
+
+    @property
+    def connections(self) -> int:
+        """Open client connections (Unix and TLS)."""
+        return (self._pump.connections if self._pump else 0) + len(self._tls_tasks)
+
+    @property
+    def alive(self) -> bool:
+        """False once the Unix relay thread has died (a bug, logged as ``front_failed``): local
+        clients are no longer served, which readiness should report."""
+        return self._pump is None or self._stopped or self._pump.alive
+
+    # -- listeners (before start) --
+
+    def listen_unix(self, path: str, mode: int, group: str | None) -> None:
+        """Bind the public Unix socket with ``mode`` and group ``group`` (name or gid; None = the
+        agent's). A stale socket file is replaced; a live one raises :class:`SocketInUseError`."""
+        if self._unix_listener is not None:
+            raise TransportError("this front already has a Unix socket")
+        if not 0 <= mode <= 0o777:
+            raise TransportError(f"socket mode {mode:#o} is not a permission mode (0-0777)")
+        gid = resolve_gid(group) if group else -1
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            _make_dirs(directory)
+        except OSError as exc:
+            raise TransportError(f"{directory}: {_reason(exc)}") from None
+        self._lock_fd = _lock(path + ".lock")
+        _remove_stale_socket(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            # Before listen(): nobody can connect while the umask's mode is on the file.
+            os.chown(path, -1, gid)
+            os.chmod(path, mode)
+            sock.listen(socket.SOMAXCONN)
+            st = os.stat(path)
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"{path}: {_reason(exc)}") from None
+        sock.setblocking(False)
+        self._unix_listener = sock
+        self._unix_inode = (st.st_dev, st.st_ino)
+        self.unix_path = path
+
+    def listen_tcp(self, address: str, tls: ssl.SSLContext) -> int:
+        """Bind a TLS listener on ``host:port`` (port 0 = any); returns the port."""
+        try:
+            host, port = parse_host_port(address)
+        except AddressError as exc:
+            raise TransportError(str(exc)) from None
+        try:
+            family = socket.AF_INET6 if isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address) \
+                else socket.AF_INET
+        except ValueError:
+            family = socket.AF_INET  # a host name: resolved by bind
+        try:
+            sock = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN,
+                                        dualstack_ipv6=host == "::" and socket.has_dualstack_ipv6())
+        except OSError as exc:
+            raise TransportError(f"{address}: {_reason(exc)}") from None
+        # A client that vanishes without a FIN is noticed without waiting on grpc's own pings.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        bound = int(sock.getsockname()[1])
+        self._tcp_listeners.append((sock, tls))
+        self.tcp_ports.append(bound)
+        return bound
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        """Start accepting (after ``server.start()``: the private socket must be listening)."""
+        if self._started:
+            raise TransportError("front already started")
+        if self._unix_listener is None and not self._tcp_listeners:
+            raise TransportError("front has no listener")
+        self._started = True
+        if self._unix_listener is not None:
+            self._pump = _UnixPump(self._unix_listener, self.upstream_path, self._max)
+            self._pump.start()
+        for sock, ctx in self._tcp_listeners:
+            self._tls_servers.append(await asyncio.start_server(
+                self._serve_tls, sock=sock, ssl=ctx, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+                limit=_TLS_CHUNK))
+
+    async def stop(self) -> None:
+        """Close the listeners and every connection; remove the socket file and private directory."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for srv in self._tls_servers:
+            srv.close()
+        for task in list(self._tls_tasks):
+            task.cancel()
+        await asyncio.gather(*self._tls_tasks, return_exceptions=True)
+        for srv in self._tls_servers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(srv.wait_closed(), 2.0)
+        if self._pump is not None:
+            await asyncio.to_thread(self._pump.stop)
+        self.discard()
+
+    def discard(self) -> None:
+        """Release everything without the pump (a front that never started, or after stop)."""
+        self._stopped = True
+        if self._pump is None and self._unix_listener is not None:
+            self._unix_listener.close()
+        for sock, _ in self._tcp_listeners:
+            sock.close()
+        if self.unix_path is not None and self._unix_inode is not None:
+            # Only our own socket file: a successor may already have replaced it.
+            with contextlib.suppress(OSError):
+                st = os.lstat(self.unix_path)
+                if (st.st_dev, st.st_ino) == self._unix_inode:
+                    os.unlink(self.unix_path)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        shutil.rmtree(self._private_dir, ignore_errors=True)
+
+    # -- TLS --
+
+    async def _serve_tls(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        key = ""
+        upstream_writer: asyncio.StreamWriter | None = None
+        self._tls_tasks.add(task)
+        try:
+            if len(self._tls_tasks) > self._max:
+                log.warning("connection_refused", reason="max_connections", limit=self._max)
+                return
+            ident = _tls_identity(writer)
+            name, key = _new_peer_name("tls")
+            _PEERS[key] = ident
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                up.bind("\0" + name)
+                up.setblocking(False)
+                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(up, self.upstream_path),
+                                       UPSTREAM_CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                up.close()
+                log.warning("upstream_connect_failed", peer=ident.address, error=_reason(exc))
+                return
+            upstream_reader, upstream_writer = await asyncio.open_unix_connection(sock=up, limit=_TLS_CHUNK)
+            flows = [asyncio.ensure_future(_relay(reader, upstream_writer)),
+                     asyncio.ensure_future(_relay(upstream_reader, writer))]
+            try:
+                await asyncio.wait(flows, return_when=asyncio.FIRST_EXCEPTION)
+            finally:
+                for flow in flows:
+                    flow.cancel()
+                await asyncio.gather(*flows, return_exceptions=True)
+        except (OSError, ssl.SSLError, EOFError):
+            pass  # the connection broke; nothing to answer to
+        finally:
+            _PEERS.pop(key, None)
+            for w in (writer, upstream_writer):
+                if w is not None:
+                    w.close()
+            self._tls_tasks.discard(task)
+
+
+async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(_TLS_CHUNK):
+        writer.write(data)
+        await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+    else:
+        writer.close()
+
+
+def _tls_identity(writer: asyncio.StreamWriter) -> TlsPeer:
+    addr = writer.get_extra_info("peername")
+    address = f"[{addr[0]}]:{addr[1]}" if addr and ":" in str(addr[0]) else (f"{addr[0]}:{addr[1]}" if addr else "?")
+    # getpeercert() is empty or None unless a certificate was presented *and* verified.
+    cert = writer.get_extra_info("peercert") or {}
+    if not cert:
+        return TlsPeer(address=address, client_cert=False)
+    cn = next((value for rdn in cert.get("subject", ()) for attr, value in rdn if attr == "commonName"), "")
+    names = tuple(f"{kind}:{value}" for kind, value in cert.get("subjectAltName", ()))
+    return TlsPeer(address=address, client_cert=True, common_name=cn, names=names)
+
+
+def _make_dirs(path: str) -> None:
+    # 0755 whatever the umask: clients of other users must reach the socket inside.
+    if os.path.isdir(path):
+        return
+    _make_dirs(os.path.dirname(path))
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+        os.chmod(path, 0o755)  # noqa: S103
+
+
+def _lock(path: str) -> int:
+    # Held for the front's life: two agents started together cannot both decide the socket is stale.
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise TransportError(f"{path}: {_reason(exc)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SocketInUseError(f"{path}: another memtopo agent holds this socket's lock") from None
+    return fd
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise TransportError(f"{path}: {_reason(exc)}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise TransportError(f"{path}: exists and is not a socket; not removing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # nobody listens: left behind by an agent that died
+    except OSError as exc:
+        raise TransportError(f"{path}: cannot tell whether it is in use: {_reason(exc)}") from None
+    else:
+        raise SocketInUseError(f"{path}: another process is listening on it")
+    finally:
+        probe.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise TransportError(f"{path}: cannot remove the stale socket: {_reason(exc)}") from None
+
+
+# ---- the Unix pump --------------------------------------------------------------------------------
+
+
+class _Flow:
+    """One direction of a connection: src → pipe → dst. ``pending`` bytes sit in the pipe."""
+
+    __slots__ = ("dst", "eof", "pending", "rpipe", "src", "wpipe")
+
+    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+        self.src = src
+        self.dst = dst
+        self.rpipe, self.wpipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self.wpipe, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self.pending = 0
+        self.eof = False
+
+    def pump(self) -> None:
+        """Move what is ready without blocking. OSError (reset, broken pipe) ends the connection."""
+        for _ in range(_ROUNDS_PER_EVENT):
+            if self.pending:
+                try:
+                    n = os.splice(self.rpipe, self.dst.fileno(), self.pending, flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    return
+                if n == 0:
+                    raise OSError(errno.EPIPE, "splice wrote nothing")
+                self.pending -= n
+                if self.pending:
+                    continue
+            if self.eof:
+                return
+            try:
+                n = os.splice(self.src.fileno(), self.wpipe, PIPE_BYTES, flags=_SPLICE_FLAGS)
+            except BlockingIOError:
+                return
+            if n == 0:
+                self.eof = True
+                with contextlib.suppress(OSError):
+                    self.dst.shutdown(socket.SHUT_WR)
+                return
+            self.pending = n
+
+    def close(self) -> None:
+        os.close(self.rpipe)
+        os.close(self.wpipe)
+
+
+class _Pair:
+    __slots__ = ("client", "key", "masks", "to_client", "to_upstream", "upstream")
+
+    def __init__(self, key: str, client: socket.socket, upstream: socket.socket) -> None:
+        self.key = key
+        self.client = client
+        self.upstream = upstream
+        self.to_upstream = _Flow(client, upstream)
+        try:
+            self.to_client = _Flow(upstream, client)
+        except OSError:
+            self.to_upstream.close()
+            raise
+        # fd → the epoll mask it is registered with (absent = not registered).
+        self.masks: dict[int, int] = {}
+
+    def wanted(self) -> dict[int, int]:
+        # Read a side only while its pipe is empty (the pipe is the buffer); wait for writability
+        # only with bytes to write. An fd wanting nothing is left out of epoll altogether: its
+        # EPOLLHUP would otherwise be reported on every wait.
+        up, down = self.to_upstream, self.to_client
+        return {
+            self.client.fileno(): (select.EPOLLIN if not up.eof and not up.pending else 0)
+            | (select.EPOLLOUT if down.pending else 0),
+            self.upstream.fileno(): (select.EPOLLIN if not down.eof and not down.pending else 0)
+            | (select.EPOLLOUT if up.pending else 0),
+        }
+
+    @property
+    def finished(self) -> bool:
+        up, down = self.to_upstream, self.to_client
+        return up.eof and down.eof and not up.pending and not down.pending
+
+
+class _UnixPump:
+    """One thread: accepts on the public socket, records each peer, relays with splice."""
+
+    def __init__(self, listener: socket.socket, upstream_path: str, max_connections: int) -> None:
+        self._listener = listener
+        self._upstream_path = upstream_path
+        self._max = max_connections
+        self._epoll = select.epoll()
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._pairs: dict[int, _Pair] = {}  # both fds of a pair → the pair
+        self._accepting = True
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="memtopo-front", daemon=True)
+
+    @property
+    def connections(self) -> int:
+        return len(self._pairs) // 2
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._epoll.register(self._listener.fileno(), select.EPOLLIN)
+        self._epoll.register(self._wake, select.EPOLLIN)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._thread.is_alive():
+            with contextlib.suppress(OSError):  # the thread may be closing the eventfd right now
+                os.eventfd_write(self._wake, 1)
+        self._thread.join()
+
+    def _run(self) -> None:
+        listener_fd = self._listener.fileno()
+        try:
+            while not self._stopping:
+                for fd, _events in self._epoll.poll():
+                    if fd == listener_fd:
+                        self._accept()
+                    elif fd == self._wake:
+                        os.eventfd_read(self._wake)
+                    else:
+                        self._service(fd)
+        except Exception:
+            # A bug here would silently stop every local client: say so before the thread ends.
+            log.exception("front_failed")
+        finally:
+            for pair in {id(p): p for p in self._pairs.values()}.values():
+                self._close(pair)
+            self._listener.close()
+            self._epoll.close()
+            os.close(self._wake)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: stop listening until a connection closes, rather than
+                    # spin on a listener that stays readable.
+                    log.warning("accept_paused", error=_reason(exc))
+                    self._set_accepting(False)
+                    return
+                continue  # ECONNABORTED and the like: that client is gone
+            if self.connections >= self._max:
+                log.warning("connection_refused", reason="max_connections", limit=self._max)
+                conn.close()
+                continue
+            try:
+                self._open(conn)
+            except OSError as exc:
+                log.warning("connection_setup_failed", error=_reason(exc))
+                conn.close()
+
+    def _open(self, conn: socket.socket) -> None:
+        cred = socket_peer_cred(conn)
+        name, key = _new_peer_name(f"u{cred.uid}.p{cred.pid}")
+        # Recorded before connecting: grpc may run the first RPC as soon as the connection exists.
+        _PEERS[key] = cred
+        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            up.bind("\0" + name)
+            up.settimeout(UPSTREAM_CONNECT_TIMEOUT)
+            up.connect(self._upstream_path)
+            up.setblocking(False)
+            conn.setblocking(False)
+            pair = _Pair(key, conn, up)
+        except BaseException:
+            _PEERS.pop(key, None)
+            up.close()
+            raise
+        self._pairs[conn.fileno()] = pair
+        self._pairs[up.fileno()] = pair
+        self._rearm(pair)
+
+    def _service(self, fd: int) -> None:
+        pair = self._pairs.get(fd)
+        if pair is None:
+            return  # closed earlier in this batch of events
+        try:
+            pair.to_upstream.pump()
+            pair.to_client.pump()
+        except OSError:
+            self._close(pair)
+            return
+        if pair.finished:
+            self._close(pair)
+        else:
+            self._rearm(pair)
+
+    def _rearm(self, pair: _Pair) -> None:
+        for fd, mask in pair.wanted().items():
+            old = pair.masks.get(fd, 0)
+            if mask == old:
+                continue
+            if not mask:
+                self._epoll.unregister(fd)
+                del pair.masks[fd]
+            elif not old:
+                self._epoll.register(fd, mask)
+                pair.masks[fd] = mask
+            else:
+                self._epoll.modify(fd, mask)
+                pair.masks[fd] = mask
+
+    def _close(self, pair: _Pair) -> None:
+        _PEERS.pop(pair.key, None)
+        for fd in list(pair.masks):
+            self._epoll.unregister(fd)
+        pair.masks.clear()
+        for sock in (pair.client, pair.upstream):
+            self._pairs.pop(sock.fileno(), None)
+            sock.close()
+        pair.to_upstream.close()
+        pair.to_client.close()
+        if not self._accepting:
+            self._set_accepting(True)
+
+    def _set_accepting(self, on: bool) -> None:
+        if on == self._accepting:
+            return
+        self._accepting = on
+        if on:
+            self._epoll.register(self._listener.fileno(), select.EPOLLIN)
+        else:
+            self._epoll.unregister(self._listener.fileno())

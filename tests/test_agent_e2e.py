@@ -1,0 +1,385 @@
+"""The agent and the reference controller as real processes on loopback, against a captured root.
+
+The root is a copy of a real two-socket capture (the numa-vm lab's dual-socket-cxl profile), so a
+test can change it under the running agent — hot-add a PCI function — and send the SIGHUP that
+stands in for the udev event (a fixture root receives no udev events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from memtopo.v1 import agent_pb2 as apb
+from memtopo.v1 import agent_pb2_grpc
+from memtopo.v1 import plan_pb2 as planpb
+from tests.fixtures import REPO, lab_root
+
+NEW_BDF = "0000:22:00.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(grpc.RpcError, OSError):
+            last = predicate()
+            if last:
+                return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def memtopo(*args: str, **kw: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "agent.cli", *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+
+
+def copy_root(dst: Path) -> Path:
+    root = dst / "root"
+    shutil.copytree(lab_root("dual-socket-cxl"), root, symlinks=True)
+    return root
+
+
+def hot_add_pci(root: Path) -> None:
+    """What the kernel shows after a hot-add: a second function beside an existing device."""
+    parent = root / "sys/devices/pci0000:20/0000:20:01.0"
+    shutil.copytree(parent / "0000:22:00.0", parent / NEW_BDF, symlinks=True)
+    (root / "sys/bus/pci/devices" / NEW_BDF).symlink_to(f"../../../devices/pci0000:20/0000:20:01.0/{NEW_BDF}")
+
+
+def set_node_memory(root: Path, node: int, kib: int) -> None:
+    """Onlining memory blocks raises the node's MemTotal."""
+    meminfo = root / f"sys/devices/system/node/node{node}/meminfo"
+    lines = meminfo.read_text().splitlines()
+    out = [f"Node {node} MemTotal:       {kib} kB" if " MemTotal:" in ln else ln for ln in lines]
+    meminfo.write_text("\n".join(out) + "\n")
+
+
+class Agent:
+    def __init__(self, tmp: Path, root: Path, controller_port: int | None, extra: str = "",
+                 env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.sock = tmp / "agent.sock"
+        self.health_port = free_port()
+        ctl = (f'[controller]\naddress = "127.0.0.1:{controller_port}"\ninsecure = true\nheartbeat_seconds = 0.5\n'
+               'backoff_initial_seconds = 0.05\nbackoff_max_seconds = 0.3\n') if controller_port else ""
+        self.config = tmp / "agent.toml"
+        self.config.write_text(
+            f'node_name = "e2e-node"\nroot = "{root}"\nstate_dir = "{tmp / "state"}"\n'
+            f'[listen]\nsocket = "{self.sock}"\n{extra}\n{ctl}'
+            '[discovery]\ndebounce_seconds = 0.0\nudev = false\n'
+            f'[health]\nlisten = "127.0.0.1:{self.health_port}"\n')
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+
+    def start(self) -> None:
+        self.proc = memtopo("serve", "--config", str(self.config), env=self.env)
+        threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
+        wait_for(lambda: self.http("/readyz")[0] == 200, what="agent ready")
+
+    def _drain(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.output.append(line)
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix://{self.sock}")
+
+    def stub(self, ch: grpc.Channel) -> Any:
+        return agent_pb2_grpc.NodeAgentStub(ch)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(30)
+        finally:
+            self.proc.kill() if self.proc.poll() is None else None
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.output:
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if ev.get("event") == name:
+                    out.append(ev)
+        return out
+
+
+class Controller:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.proc = memtopo("controller", "serve", "--listen", f"127.0.0.1:{self.port}")
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
+            hstub = health_pb2_grpc.HealthStub(ch)
+            wait_for(lambda: hstub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                     == health_pb2.HealthCheckResponse.SERVING, what="controller serving")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def node(self, name: str = "e2e-node") -> apb.NodeSummary | None:
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
+            nodes = agent_pb2_grpc.ControllerAdminStub(ch).ListNodes(apb.ListNodesRequest(), timeout=2).nodes
+        return next((n for n in nodes if n.node_name == name), None)
+
+    def submit(self, plan: planpb.BindingPlan) -> planpb.PlanResult:
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
+            res: planpb.PlanResult = agent_pb2_grpc.ControllerAdminStub(ch).SubmitPlan(
+                apb.SubmitPlanRequest(node_name="e2e-node", plan=plan, timeout_seconds=20), timeout=30)
+            return res
+
+
+@contextlib.contextmanager
+def notify_socket(tmp: Path) -> Iterator[tuple[str, list[str]]]:
+    path = str(tmp / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    got: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                got.append(sock.recv(4096).decode())
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        yield path, got
+    finally:
+        stop.set()
+        t.join(2)
+        sock.close()
+
+
+class Watcher:
+    """A WatchTopology client on its own thread, recording every event."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.events: list[apb.TopologyEvent] = []
+        self.ended: str = ""
+        self._ch = agent.channel()
+        self._call = agent.stub(self._ch).WatchTopology(apb.WatchTopologyRequest())
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            for ev in self._call:
+                self.events.append(ev)
+            self.ended = "ok"
+        except grpc.RpcError as exc:
+            self.ended = exc.code().name
+
+    def generations(self) -> list[int]:
+        return [e.generation for e in self.events if e.WhichOneof("event") == "snapshot"]
+
+    def close(self) -> None:
+        self._call.cancel()
+        self._ch.close()
+
+
+def pin_plan(plan_id: str, pid: int, cpus: list[int]) -> planpb.BindingPlan:
+    plan = planpb.BindingPlan(plan_id=plan_id, policy="manual")
+    a = plan.actions.add(id="pin", required=True)
+    a.thread_affinity.pid = pid
+    a.thread_affinity.threads.all = True
+    a.thread_affinity.cpus.extend(cpus)
+    return plan
+
+
+def test_agent_and_controller_end_to_end(tmp_path: Path) -> None:
+    root = copy_root(tmp_path)
+    controller = Controller(free_port())
+    controller.start()
+    child = subprocess.Popen(["sleep", "600"])
+    with notify_socket(tmp_path) as (notify_path, notes):
+        agent = Agent(tmp_path, root, controller.port, env={"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "400000"})
+        try:
+            agent.start()
+            # systemd: READY=1 after the first discovery, then watchdog pings from the loop.
+            wait_for(lambda: any("READY=1" in n for n in notes), what="READY=1")
+            wait_for(lambda: sum("WATCHDOG=1" in n for n in notes) >= 2, what="WATCHDOG=1 pings")
+            assert any(n.startswith("STATUS=") or "\nSTATUS=" in n for n in notes)
+
+            with agent.channel() as ch:
+                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                assert health.status == health_pb2.HealthCheckResponse.SERVING
+                topo = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=5)
+            assert topo.generation == 1 and topo.node_name == "e2e-node"
+            assert NEW_BDF not in {d.bdf for d in topo.pci_devices}
+            held = wait_for(lambda: (n := controller.node()) and n.generation == 1 and n, what="controller snapshot")
+            assert held.fingerprint == topo.fingerprint and held.connected
+
+            # A hot-added PCI function: the watcher and the controller both see generation 2.
+            watcher = Watcher(agent)
+            wait_for(lambda: watcher.generations() == [1], what="watch snapshot")
+            hot_add_pci(root)
+            os.kill(agent.proc.pid, signal.SIGHUP)  # type: ignore[union-attr]
+            wait_for(lambda: watcher.generations() == [1, 2], what="watcher generation 2")
+            new = watcher.events[-1].snapshot
+            assert NEW_BDF in {d.bdf for d in new.pci_devices}
+            wait_for(lambda: (n := controller.node()) and n.generation == 2, what="controller generation 2")
+
+            # The controller dies 20 times while the topology keeps changing: the agent reconnects
+            # every time and the controller ends with the newest generation.
+            for i in range(20):
+                controller.kill()
+                set_node_memory(root, 2, 1_000_000 + i * 4096)
+                os.kill(agent.proc.pid, signal.SIGHUP)  # type: ignore[union-attr]
+                controller.start()
+            with agent.channel() as ch:
+                latest = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=5)
+            assert latest.generation >= 3
+            final = wait_for(lambda: (n := controller.node()) and n.generation == latest.generation and n,
+                             what="controller at the latest generation")
+            assert final.fingerprint == latest.fingerprint and final.connected
+            status, metrics = agent.http("/metrics")
+            reconnects = [ln for ln in metrics.splitlines() if ln.startswith("memtopo_controller_reconnects_total")]
+            assert status == 200 and reconnects and float(reconnects[0].split()[-1]) >= 20
+
+            # A plan sent twice through the controller is applied once.
+            os.sched_setaffinity(child.pid, {0, 1})
+            first = controller.submit(pin_plan("pin-sleep", child.pid, [0]))
+            assert first.state == planpb.PlanResult.STATE_APPLIED, first
+            assert os.sched_getaffinity(child.pid) == {0}
+            os.sched_setaffinity(child.pid, {0, 1})
+            second = controller.submit(pin_plan("pin-sleep", child.pid, [0]))
+            assert second.state == planpb.PlanResult.STATE_APPLIED and "seen before" in second.message
+            assert os.sched_getaffinity(child.pid) == {0, 1}
+
+            # SIGTERM: the watcher is told, systemd hears STOPPING=1, the exit status is 0.
+            assert agent.stop() == 0
+            wait_for(lambda: watcher.ended, what="watch stream end")
+            assert watcher.events[-1].WhichOneof("event") == "closing"
+            assert any("STOPPING=1" in n for n in notes)
+            assert agent.events("generation_published") and agent.events("agent_stopped")
+
+            # A new agent process remembers the plan: still not applied twice.
+            restarted = Agent(tmp_path, root, controller.port)
+            restarted.start()
+            third = controller.submit(pin_plan("pin-sleep", child.pid, [0]))
+            assert "seen before" in third.message and os.sched_getaffinity(child.pid) == {0, 1}
+            assert restarted.stop() == 0
+        finally:
+            for proc in (agent.proc, controller.proc, child):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+
+
+def _certs(tmp: Path) -> dict[str, Path]:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(stem: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[Path, Path]:
+        kp, cp = tmp / f"{stem}.key", tmp / f"{stem}.crt"
+        kp.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+        cp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return kp, cp
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("memtopo-test-ca")).issuer_name(name("memtopo-test-ca"))
+          .public_key(ca_key.public_key()).serial_number(1).not_valid_before(now - dt.timedelta(hours=1))
+          .not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    _, ca_path = write("ca", ca_key, ca)
+    out = {"ca": ca_path}
+    for stem, san in (("server", x509.SubjectAlternativeName([x509.DNSName("localhost")])),
+                      ("client", x509.SubjectAlternativeName([x509.DNSName("operator")]))):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(name(stem)).issuer_name(ca.subject)
+                .public_key(key.public_key()).serial_number(2 if stem == "server" else 3)
+                .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=1))
+                .add_extension(san, critical=False).sign(ca_key, hashes.SHA256()))
+        out[f"{stem}_key"], out[f"{stem}_crt"] = write(stem, key, cert)
+    return out
+
+
+def test_tcp_apply_plan_needs_a_client_certificate(tmp_path: Path) -> None:
+    root = copy_root(tmp_path)
+    c = _certs(tmp_path)
+    port = free_port()
+    agent = Agent(tmp_path, root, None, extra=(
+        f'tcp = "127.0.0.1:{port}"\ntls_cert = "{c["server_crt"]}"\ntls_key = "{c["server_key"]}"\n'
+        f'tls_client_ca = "{c["ca"]}"\n'))
+    opts = (("grpc.ssl_target_name_override", "localhost"),)
+    plan = apb.ApplyPlanRequest(plan=pin_plan("tcp-plan", os.getpid(), [0]), dry_run=True)
+    try:
+        agent.start()
+        anonymous = grpc.ssl_channel_credentials(root_certificates=c["ca"].read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", anonymous, options=opts) as ch:
+            stub = agent.stub(ch)
+            assert stub.GetTopology(apb.GetTopologyRequest(), timeout=10).node_name == "e2e-node"
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ApplyPlan(plan, timeout=10)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, pytest.raises(grpc.RpcError):
+            agent.stub(ch).ApplyPlan(plan, timeout=5)  # plaintext never reaches the service
+        mutual = grpc.ssl_channel_credentials(root_certificates=c["ca"].read_bytes(),
+                                              private_key=c["client_key"].read_bytes(),
+                                              certificate_chain=c["client_crt"].read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", mutual, options=opts) as ch:
+            res = agent.stub(ch).ApplyPlan(plan, timeout=10)
+            assert res.state in (planpb.PlanResult.STATE_DRY_RUN, planpb.PlanResult.STATE_REJECTED)
+    finally:
+        if agent.proc is not None:
+            assert agent.stop() == 0
+
+
+def test_invalid_config_exits_78_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[controller]\nbackoff_max_seconds = -1\n')
+    proc = memtopo("serve", "--config", str(bad))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 78
+    assert "controller.backoff_max_seconds" in out
