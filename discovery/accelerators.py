@@ -15,11 +15,12 @@ between them), PXB (several switches, same root port), PHB (through the host bri
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
-from discovery.parts import AccelDevice, AcceleratorPart, HwlocPart, HwlocPci, Ids, PciInfo, SysPci
+from discovery.parts import AccelDevice, AcceleratorPart, HwlocOsDevice, HwlocPart, HwlocPci, Ids, PciInfo
 from discovery.pci_ids import classify
 from discovery.sysfs_pci import bdf_sort_key
 from memtopo.v1 import topology_pb2 as pb
@@ -27,6 +28,10 @@ from memtopo.v1 import topology_pb2 as pb
 _KIND = {"GPU": pb.ACCELERATOR_KIND_GPU, "NPU": pb.ACCELERATOR_KIND_NPU, "XPU": pb.ACCELERATOR_KIND_XPU}
 # PCI classifications that are accelerators, and the kind each is reported as.
 _PCI_ACCEL = {"gpu": "GPU", "npu": "NPU", "xpu": "XPU", "accelerator": "ACC"}
+# bdf_sort_key and classify are pure and see the same few BDFs and ids on every discovery; parsing
+# and classifying cost more than the rest of the walks that use them. Bounded for a long-lived agent.
+bdf_order = lru_cache(maxsize=4096)(bdf_sort_key)
+pci_kind = lru_cache(maxsize=4096)(classify)
 _VENDOR_NAME = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x19E5: "Huawei", 0x1D22: "Kunlunxin", 0x8086: "Intel",
                 0x1BCF: "NEC"}
 # What each vendor source's groups mean.
@@ -59,9 +64,9 @@ class Record:
     id: str = ""
 
 
-@dataclass(frozen=True)
-class PciView:
-    """What the accelerator code needs of a PCI function, from sysfs or (XML input) hwloc."""
+class PciView(NamedTuple):
+    """What the accelerator code needs of a PCI function, from sysfs or (XML input) hwloc. A tuple
+    rather than a frozen dataclass, like Link: one is made per accelerator on every discovery."""
 
     bdf: str
     vendor_id: int
@@ -70,8 +75,10 @@ class PciView:
     numa_node: int
     local_cpus: Ids
     upstream: tuple[str, ...]
-    # hwloc OS devices below the function: (name, subtype, info).
-    os_devices: tuple[tuple[str, str, Mapping[str, str]], ...] = ()
+    # hwloc OS devices below the function.
+    os_devices: tuple[HwlocOsDevice, ...] = ()
+    # pci_ids.classify of the ids above.
+    pci_kind: str = ""
 
 
 class Link(NamedTuple):
@@ -117,36 +124,48 @@ def hwloc_pci_node(h: HwlocPci, cpu_nodes: set[int]) -> int:
     return local[0] if len(local) == 1 else -1
 
 
-def pci_views(pci: SysPci | None, hw: HwlocPart | None, cpu_nodes: set[int]) -> dict[str, PciView]:
-    hw_by_bdf = {p.bdf: p for p in hw.pci} if hw else {}
-    views: dict[str, PciView] = {}
-    for dev in pci.devices if pci else ():
-        views[dev.bdf] = _view_sysfs(dev, hw_by_bdf.get(dev.bdf), cpu_nodes)
-    for bdf, h in hw_by_bdf.items():
-        if bdf not in views:
-            views[bdf] = PciView(bdf, h.vendor_id, h.device_id, h.class_code, hwloc_pci_node(h, cpu_nodes),
-                                 h.cpuset, h.upstream, _osdevs(h))
-    return views
+def vendor_bdfs(vendor: Mapping[str, AcceleratorPart]) -> set[str]:
+    """The functions vendor sources claim: their views are needed whatever their PCI class."""
+    return {dev.bdf for part in vendor.values() for dev in part.devices if dev.bdf}
 
 
-def _osdevs(h: HwlocPci | None) -> tuple[tuple[str, str, Mapping[str, str]], ...]:
-    return tuple((o.name, o.subtype, o.info) for o in h.os_devices) if h else ()
-
-
-def _view_sysfs(dev: PciInfo, h: HwlocPci | None, cpu_nodes: set[int]) -> PciView:
+# The views build() needs are those of accelerators by PCI class and of the functions a vendor
+# claims; the walk over every PCI function (the assembler's, which emits the device list) asks for
+# each through these two, so the functions are walked once and other functions get no view.
+def sysfs_view(dev: PciInfo, h: HwlocPci | None, cpu_nodes: set[int], dev_kind: str,
+               claimed: Collection[str]) -> PciView | None:
     """sysfs first; hwloc fills what a trimmed capture lacks. A missing numa_node file reads as -1
-    too, and then hwloc's locality (itself from the kernel's local_cpus) may still name one node."""
+    too, and then hwloc's locality (itself from the kernel's local_cpus) may still name one node.
+    ``dev_kind`` is the classification of ``dev``'s own ids. None when build() has no use for it."""
     if h is None:
+        if dev_kind not in _PCI_ACCEL and dev.bdf not in claimed:
+            return None
         return PciView(dev.bdf, dev.vendor_id, dev.device_id, dev.class_code, dev.numa_node, dev.local_cpus,
-                       dev.upstream)
-    return PciView(dev.bdf, dev.vendor_id or h.vendor_id, dev.device_id or h.device_id,
-                   dev.class_code or h.class_code,
+                       dev.upstream, (), dev_kind)
+    vendor_id, device_id, class_code = dev.vendor_id or h.vendor_id, dev.device_id or h.device_id, (
+        dev.class_code or h.class_code)
+    kind = dev_kind if (vendor_id, device_id, class_code) == (dev.vendor_id, dev.device_id, dev.class_code) else (
+        pci_kind(vendor_id, device_id, class_code))
+    if kind not in _PCI_ACCEL and dev.bdf not in claimed:
+        return None
+    return PciView(dev.bdf, vendor_id, device_id, class_code,
                    dev.numa_node if dev.numa_node >= 0 else hwloc_pci_node(h, cpu_nodes),
-                   dev.local_cpus or h.cpuset, dev.upstream or h.upstream, _osdevs(h))
+                   dev.local_cpus or h.cpuset, dev.upstream or h.upstream, h.os_devices, kind)
+
+
+def hwloc_view(h: HwlocPci, numa_node: int, kind: str, claimed: Collection[str]) -> PciView | None:
+    """A function only hwloc knows (XML input); ``numa_node`` from hwloc_pci_node, ``kind`` its
+    classification. None when build() has no use for it."""
+    if kind not in _PCI_ACCEL and h.bdf not in claimed:
+        return None
+    return PciView(h.bdf, h.vendor_id, h.device_id, h.class_code, numa_node, h.cpuset, h.upstream,
+                   h.os_devices, kind)
 
 
 def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], hw: HwlocPart | None,
           node_memory: Mapping[int, int]) -> Accelerators:
+    """``views``: at least those of the accelerator functions and the vendors' BDFs (sysfs_view,
+    hwloc_view); any other is ignored."""
     records: list[Record] = []
     claimed: set[str] = set()
     per_source: dict[str, dict[int, Record]] = {}
@@ -158,13 +177,9 @@ def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], h
             if rec.bdf:
                 claimed.add(rec.bdf)
     gpu_memory = _hwloc_gpu_memory_nodes(hw)
-    for view in sorted(views.values(), key=lambda v: bdf_sort_key(v.bdf)):
-        if view.bdf in claimed:
-            continue
-        kind = _PCI_ACCEL.get(classify(view.vendor_id, view.device_id, view.class_code))
-        if kind is None:
-            continue
-        records.append(_from_pci(kind, view, gpu_memory.get(view.bdf, ())))
+    unclaimed = [v for v in views.values() if v.pci_kind in _PCI_ACCEL and v.bdf not in claimed]
+    for view in sorted(unclaimed, key=lambda v: bdf_order(v.bdf)):
+        records.append(_from_pci(_PCI_ACCEL[view.pci_kind], view, gpu_memory.get(view.bdf, ())))
     _assign_ids(records)
     for rec in records:
         if not rec.memory_numa_nodes and rec.bdf in gpu_memory:
@@ -175,9 +190,7 @@ def build(vendor: Mapping[str, AcceleratorPart], views: Mapping[str, PciView], h
     nvlinks, fabrics = _hwloc_nvlinks(hw, records, have)
     links += nvlinks
     have |= {(lk.a, lk.b) for lk in nvlinks}
-    for fab in fabrics:
-        have |= {(a, b) for a in fab.members for b in fab.members if a < b}
-    links += _pci_links(records, views, have)
+    links += _pci_links(records, views, have, fabrics)
     groups = tuple(
         (GROUP_KIND.get(source, "vendor-group"), tuple(per_source[source][i].id for i in g if i in per_source[source]))
         for source in sorted(vendor) for g in vendor[source].groups)
@@ -199,23 +212,51 @@ def _from_vendor(source: str, dev: AccelDevice, views: Mapping[str, PciView]) ->
                   unified=dev.unified_memory, attributes=dict(dev.attributes))
 
 
+def _first(info: Mapping[str, str], keys: tuple[str, ...]) -> str:
+    for k in keys:
+        value = info.get(k)
+        if value:
+            return value
+    return ""
+
+
+def _memory_size(info: Mapping[str, str]) -> int:
+    for k, v in info.items():
+        if k.endswith("MemorySize"):
+            size = _kib(v)
+            if size:
+                return size
+    return 0
+
+
+@lru_cache(maxsize=4096)
+def _osdev_index(name: str) -> int:
+    """The vendor index in an OS device name (nvml3 → 3), -1 if it has none. Cached: the same
+    names come back on every discovery, and the regex costs more than the rest of a device."""
+    m = _OSDEV_INDEX.match(name)
+    return int(m.group(1)) if m else -1
+
+
 def _from_pci(kind: str, view: PciView, memory_nodes: Ids) -> Record:
     model = uuid = ""
     index = -1
     memory = 0
     source = "pci"
-    for name, subtype, info in view.os_devices:
-        m = _OSDEV_INDEX.match(name)
-        if m and index < 0:
-            index = int(m.group(1))
-        found = next((info[k] for k in _MODEL_KEYS if info.get(k)), "")
-        # A bare model number (VectorEngineModel=1) means nothing without the device family.
-        model = model or (f"{subtype} {found}".strip() if found.isdigit() else found)
-        uuid = uuid or next((info[k] for k in _UUID_KEYS if info.get(k)), "")
-        memory = memory or next((_kib(v) for k, v in info.items() if k.endswith("MemorySize") and _kib(v)), 0)
+    for osdev in view.os_devices:
+        if index < 0:
+            index = _osdev_index(osdev.name)
+        info = osdev.info
+        if not model:
+            found = _first(info, _MODEL_KEYS)
+            # A bare model number (VectorEngineModel=1) means nothing without the device family.
+            model = f"{osdev.subtype} {found}".strip() if found.isdigit() else found
+        if not uuid:
+            uuid = _first(info, _UUID_KEYS)
+        if not memory:
+            memory = _memory_size(info)
         if model or uuid:
             source = "hwloc"
-    vendor = _VENDOR_NAME.get(view.vendor_id, f"0x{view.vendor_id:04x}" if view.vendor_id else "")
+    vendor = _VENDOR_NAME.get(view.vendor_id) or (f"0x{view.vendor_id:04x}" if view.vendor_id else "")
     return Record(kind=kind, vendor=vendor, index=index,
                   source=source, model=model, uuid=uuid, bdf=view.bdf, numa_node=view.numa_node,
                   local_cpus=view.local_cpus, memory_numa_nodes=memory_nodes, memory_bytes=memory)
@@ -277,7 +318,8 @@ def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tu
     pairs as links, and GPUs on an NVSwitch fabric as fabrics, one per (ports, bandwidth) class, so
     every pair inside reads NV<ports> as nvidia-smi prints it (DGX-2: NV6). Pairs across classes get
     a link with the smaller figures. For direct links only the bandwidth is known, not the count."""
-    if hw is None:
+    nvlink = [d for d in hw.object_distances if d.name == "NVLinkBandwidth"] if hw is not None else []
+    if hw is None or not nvlink:
         return [], []
     by_osdev: dict[str, Record] = {}
     views_bdf = {r.bdf: r for r in records if r.bdf}
@@ -288,24 +330,24 @@ def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tu
                 by_osdev[o.name] = rec
     links: list[Link] = []
     fabrics: list[Fabric] = []
-    for dist in hw.object_distances:
-        if dist.name != "NVLinkBandwidth":
-            continue
+    for dist in nvlink:
         labels, matrix = dist.labels, dist.matrix
         gpus = [i for i, lbl in enumerate(labels) if lbl in by_osdev]
         switches = [i for i, lbl in enumerate(labels) if lbl.startswith("PCIDev@")]
         ids = {i: by_osdev[labels[i]].id for i in gpus}
         for x, i in enumerate(gpus):
-            for j in gpus[x + 1:]:
-                if matrix[i][j] > 0:
-                    a, b = _ordered(ids[i], ids[j])
-                    if (a, b) not in have:
-                        links.append(Link(a, b, "NV", 0, int(matrix[i][j]), "hwloc"))
+            row = matrix[i]
+            for j in [j for j in gpus[x + 1:] if row[j] > 0]:  # none behind NVSwitches: one pass
+                a, b = _ordered(ids[i], ids[j])
+                if (a, b) not in have:
+                    links.append(Link(a, b, "NV", 0, int(row[j]), "hwloc"))
         classes: dict[tuple[int, int], list[str]] = {}
         for i in gpus:
-            ports = sum(1 for sw in switches if matrix[i][sw] > 0)
-            if ports:
-                classes.setdefault((ports, sum(matrix[i][sw] for sw in switches)), []).append(ids[i])
+            row = matrix[i]
+            # Bandwidths are unsigned: the sum over the linked switches is the sum over all.
+            linked = [row[sw] for sw in switches if row[sw] > 0]
+            if linked:
+                classes.setdefault((len(linked), sum(linked)), []).append(ids[i])
         keys = sorted(classes)
         for n, key in enumerate(keys):
             members = tuple(sorted(classes[key]))
@@ -337,11 +379,23 @@ def pair_links(topo: pb.MemoryTopology) -> Iterator[tuple[str, str, pb.Accelerat
         yield lk.a, lk.b, lk
 
 
-def _pci_links(records: Sequence[Record], views: Mapping[str, PciView], have: set[tuple[str, str]]) -> list[Link]:
+def _pci_links(records: Sequence[Record], views: Mapping[str, PciView], have: set[tuple[str, str]],
+               fabrics: Sequence[Fabric]) -> list[Link]:
+    """The PCIe path class of every located pair that has no link yet (``have``, or both in one
+    fabric: a 16-GPU NVSwitch box has all 120 pairs there, so they are skipped by membership)."""
     out: list[Link] = []
     located = [r for r in records if r.bdf]
+    ids = {r.id for r in located}
+    if len(ids) == len(located) and any(ids.issubset(f.members) for f in fabrics):
+        return out  # one fabric holds every located device (an NVSwitch box): no pair is left
+    fabric_peers: dict[str, set[str]] = {}
+    for fab in fabrics:
+        for m in fab.members:
+            fabric_peers.setdefault(m, set()).update(fab.members)
+    no_peers: set[str] = set()
     for x, ra in enumerate(located):
-        for rb in located[x + 1:]:
+        peers = fabric_peers.get(ra.id, no_peers)
+        for rb in [r for r in located[x + 1:] if r.id not in peers or r.id == ra.id]:
             a, b = _ordered(ra.id, rb.id)
             if (a, b) in have or ra.bdf == rb.bdf:
                 continue

@@ -12,7 +12,17 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from discovery.accelerators import Accelerators, Record, hwloc_pci_node, pci_views
+from discovery.accelerators import (
+    Accelerators,
+    PciView,
+    Record,
+    bdf_order,
+    hwloc_pci_node,
+    hwloc_view,
+    pci_kind,
+    sysfs_view,
+    vendor_bdfs,
+)
 from discovery.accelerators import build as build_accelerators
 from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
 from discovery.parts import (
@@ -31,9 +41,7 @@ from discovery.parts import (
     SysPci,
     SysTiers,
 )
-from discovery.pci_ids import classify
 from discovery.source import ProbeResult, SourceStatus, State
-from discovery.sysfs_pci import bdf_sort_key
 from memtopo.v1 import topology_pb2 as pb
 
 # hwloc's own rule for calling memory HBM from bandwidth: more than twice the DRAM figure.
@@ -133,10 +141,9 @@ def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
 
     node_memory = {n.id: n.memory for n in nodes if n.online}
     cpu_nodes = {n.id for n in nodes if n.cpus}
-    views = pci_views(pci, hw, cpu_nodes)
-    accels = build_accelerators(
-        {src: r.data for src, r in parts.accelerators.items() if r.status.state is not State.UNAVAILABLE},
-        views, hw, node_memory)
+    vendor = {src: r.data for src, r in parts.accelerators.items() if r.status.state is not State.UNAVAILABLE}
+    views = _pci(topo, pci, hw, cpu_nodes, consistency, vendor_bdfs(vendor))
+    accels = build_accelerators(vendor, views, hw, node_memory)
 
     # Domains: one per online node with memory, in node order, except that a superchip's CPU node
     # and GPU-memory node(s) form one Unified domain (numbered at its first node).
@@ -195,7 +202,6 @@ def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
     _accelerators(topo, accels, by_id)
     _tiers(topo, tiers, mem_nodes)
     _cxl(topo, cxl)
-    _pci(topo, pci, hw, cpu_nodes, consistency)
     _cpus_and_allowed(topo, numa, hw, allowed)
     topo.demotion_enabled = bool(tiers and tiers.demotion_enabled)
     _statuses(topo, parts, consistency)
@@ -425,26 +431,38 @@ def _interconnects(topo: pb.MemoryTopology, primaries: Sequence[_Node], memattrs
 def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[int, _Node]) -> None:
     """Each device belongs to the domain of its NUMA node (a Unified one for superchips; none for
     node -1) and is attached to that domain and to the domains holding its own memory."""
-    node_msgs = {n.id: n for n in topo.numa_nodes}
-    for rec in accels.records:
+    noting = [rec for rec in accels.records if rec.memory_numa_nodes or rec.attributes.get("mig_placeholder_nodes")]
+    node_msgs = {n.id: n for n in topo.numa_nodes} if noting else {}
+    for rec in noting:
         for n in rec.memory_numa_nodes:
             if n in node_msgs:
                 node_msgs[n].note = f"GPU memory of {rec.id}" if rec.kind == "GPU" else f"memory of {rec.id}"
-        for n in _placeholder_nodes(rec):
-            if n in node_msgs and not node_msgs[n].note:
-                node_msgs[n].note = f"MIG placeholder of {rec.id}"
+        if rec.attributes.get("mig_placeholder_nodes"):
+            for n in _placeholder_nodes(rec):
+                if n in node_msgs and not node_msgs[n].note:
+                    node_msgs[n].note = f"MIG placeholder of {rec.id}"
+    # Indices per domain, appended to each domain once at the end: in record order either way.
+    attached_to: dict[int, list[int]] = {}
     for idx, rec in enumerate(accels.records):
         node = by_id.get(rec.numa_node)
         domain = node.domain if node is not None else -1
-        topo.accelerators.add(
+        msg = topo.accelerators.add(
             index=rec.index, kind=_ACCEL_KIND.get(rec.kind, pb.ACCELERATOR_KIND_OTHER), vendor=rec.vendor,
             model=rec.model, uuid=rec.uuid, bdf=rec.bdf, memory_bytes=rec.memory_bytes, health=rec.health,
-            numa_node=rec.numa_node, local_cpus=rec.local_cpus, domain=domain,
-            memory_numa_nodes=rec.memory_numa_nodes, source=rec.source, id=rec.id,
-            attributes=rec.attributes, unified_memory=rec.unified)
-        attached = {domain} | {by_id[n].domain for n in rec.memory_numa_nodes if n in by_id}
-        for d in sorted(attached - {-1}):
-            topo.domains[d].attached_accelerators.append(idx)
+            numa_node=rec.numa_node, local_cpus=rec.local_cpus, domain=domain, source=rec.source, id=rec.id,
+            unified_memory=rec.unified)
+        # An empty list or map passed to the constructor costs as much as a full one: only when set.
+        if rec.memory_numa_nodes:
+            msg.memory_numa_nodes.extend(rec.memory_numa_nodes)
+            attached = {by_id[n].domain for n in rec.memory_numa_nodes if n in by_id}
+            attached.add(domain)
+            attached.discard(-1)
+            for d in attached:
+                attached_to.setdefault(d, []).append(idx)
+        elif domain >= 0:
+            attached_to.setdefault(domain, []).append(idx)
+        if rec.attributes:
+            msg.attributes.update(rec.attributes)
         if rec.unified and domain >= 0:
             _coherent_fabric(topo, rec, domain, by_id)
             if rec.attributes.get("cdmm") == "true":
@@ -453,6 +471,8 @@ def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[
                 dom = topo.domains[domain]
                 cdmm = f"{rec.id} memory is driver-managed (CDMM), not OS-visible"
                 dom.note = "; ".join(filter(None, [dom.note, cdmm]))
+    for d, indices in attached_to.items():
+        topo.domains[d].attached_accelerators.extend(indices)
     for link in accels.links:
         topo.accelerator_links.add(a=link.a, b=link.b, kind=link.kind, count=link.link_count,
                                    bandwidth_mbps=link.bandwidth_mbps, source=link.source)
@@ -565,8 +585,11 @@ def _decoder_fields(dec: CxlDecoderInfo) -> dict[str, object]:
 
 
 def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, cpu_nodes: set[int],
-         consistency: list[str]) -> None:
+         consistency: list[str], claimed: set[str]) -> dict[str, PciView]:
+    """The PCI device list, and in the same walk the views accelerator assembly needs (those of
+    accelerators and of the ``claimed`` BDFs vendor sources name), by BDF."""
     hw_pci = {p.bdf: p for p in hw.pci} if hw else {}
+    views: dict[str, PciView] = {}
     seen: set[str] = set()
     for dev in pci.devices if pci else ():
         seen.add(dev.bdf)
@@ -576,28 +599,44 @@ def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, cpu_
         if h is not None and dev.numa_node >= 0 and h.nodeset and dev.numa_node not in h.nodeset:
             consistency.append(f"pci {dev.bdf}: sysfs numa_node {dev.numa_node} not in hwloc locality "
                                f"nodes {_fmt(h.nodeset)}")
+        kind = pci_kind(dev.vendor_id, dev.device_id, dev.class_code)
         p = topo.pci_devices.add(
             bdf=dev.bdf, vendor_id=dev.vendor_id, device_id=dev.device_id,
             subsystem_vendor_id=dev.subsystem_vendor_id, subsystem_device_id=dev.subsystem_device_id,
-            class_code=dev.class_code, kind=_KIND[classify(dev.vendor_id, dev.device_id, dev.class_code)],
+            class_code=dev.class_code, kind=_KIND[kind],
             driver=dev.driver, numa_node=dev.numa_node, local_cpus=dev.local_cpus,
             local_numa_nodes=local_nodes, link_speed=dev.link_speed, link_width=dev.link_width,
             max_link_speed=dev.max_link_speed, max_link_width=dev.max_link_width, physfn=dev.physfn,
-            virtfns=dev.virtfns, sriov_total_vfs=dev.sriov_total_vfs, sriov_num_vfs=dev.sriov_num_vfs,
-            msi_irqs=dev.msi_irqs, os_devices=sorted(os_devs), numa_node_inherited=dev.numa_node_inherited)
+            sriov_total_vfs=dev.sriov_total_vfs, sriov_num_vfs=dev.sriov_num_vfs,
+            msi_irqs=dev.msi_irqs, numa_node_inherited=dev.numa_node_inherited)
+        # Usually empty, and an empty list costs the constructor as much as a short one.
+        if dev.virtfns:
+            p.virtfns.extend(dev.virtfns)
+        if os_devs:
+            p.os_devices.extend(sorted(os_devs))
         for m in dev.mdevs:
             p.mdevs.add(uuid=m.uuid, mdev_type=m.mdev_type, parent=m.parent, numa_node=m.numa_node)
+        view = sysfs_view(dev, h, cpu_nodes, kind, claimed)
+        if view is not None:
+            views[dev.bdf] = view
     # Devices only hwloc knows (XML input): their node is hwloc's locality when it names one CPU node.
-    for bdf in sorted(set(hw_pci) - seen, key=bdf_sort_key):
+    # Sorted from hwloc's order, so that even BDFs that do not parse (they tie) keep one order.
+    for bdf in sorted((b for b in hw_pci if b not in seen), key=bdf_order):
         h = hw_pci[bdf]
-        topo.pci_devices.add(
+        kind = pci_kind(h.vendor_id, h.device_id, h.class_code)
+        node = hwloc_pci_node(h, cpu_nodes)
+        p = topo.pci_devices.add(
             bdf=h.bdf, vendor_id=h.vendor_id, device_id=h.device_id,
             subsystem_vendor_id=h.subsystem_vendor_id, subsystem_device_id=h.subsystem_device_id,
-            class_code=h.class_code, kind=_KIND[classify(h.vendor_id, h.device_id, h.class_code)],
-            numa_node=hwloc_pci_node(h, cpu_nodes),
+            class_code=h.class_code, kind=_KIND[kind], numa_node=node,
             local_cpus=h.cpuset, local_numa_nodes=h.nodeset,
-            link_speed=f"{h.link_speed_gbps:g} GB/s" if h.link_speed_gbps else "",
-            os_devices=sorted(o.name for o in h.os_devices))
+            link_speed=f"{h.link_speed_gbps:g} GB/s" if h.link_speed_gbps else "")
+        if h.os_devices:
+            p.os_devices.extend(sorted(o.name for o in h.os_devices))
+        view = hwloc_view(h, node, kind, claimed)
+        if view is not None:
+            views[bdf] = view
+    return views
 
 
 def _cpus_and_allowed(topo: pb.MemoryTopology, numa: SysNuma | None, hw: HwlocPart | None,
@@ -633,8 +672,9 @@ def _statuses(topo: pb.MemoryTopology, parts: Parts, consistency: list[str]) -> 
         if st.source == "hwloc" and consistency and state is not State.UNAVAILABLE:
             state = State.DEGRADED
             reasons += [f"disagrees with sysfs: {c}" for c in consistency]
-        topo.sources.add(source=st.source, state=_STATE[state], reasons=reasons,
-                         duration_seconds=st.duration_s)
+        msg = topo.sources.add(source=st.source, state=_STATE[state], duration_seconds=st.duration_s)
+        if reasons:
+            msg.reasons.extend(reasons)
 
 
 def _fmt(ids: Iterable[int]) -> str:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from discovery import (
     amd,
@@ -68,11 +67,12 @@ def collect(ctx: ProbeContext) -> Parts:
     vendor_futures = {name: vendor_pool.submit(backstop.run, name, probe)
                       for name, probe in ACCELERATOR_PROBES} if vendor_pool else {}
     hw: list[ProbeResult[HwlocPart] | None] = []
-    hw_thread = threading.Thread(target=lambda: hw.append(backstop.run(hwloc.SOURCE, hwloc.probe)))
+    hw_thread: threading.Thread | None = None
     if ctx.sysfs_available:
+        hw_thread = threading.Thread(target=lambda: hw.append(backstop.run(hwloc.SOURCE, hwloc.probe)))
         hw_thread.start()
     else:
-        hw_thread.run()
+        hw.append(backstop.run(hwloc.SOURCE, hwloc.probe))
     identity_r = backstop.run(identity.SOURCE, identity.probe)
     numa_r = backstop.run(sysfs_numa.SOURCE, sysfs_numa.probe)
     tiers_r = backstop.run(sysfs_tiers.SOURCE, sysfs_tiers.probe)
@@ -82,7 +82,7 @@ def collect(ctx: ProbeContext) -> Parts:
     vendor: dict[str, ProbeResult[AcceleratorPart] | None] = {}
     if vendor_pool is None:
         vendor = {name: backstop.run(name, probe) for name, probe in ACCELERATOR_PROBES}
-    if hw_thread.is_alive() or ctx.sysfs_available:
+    if hw_thread is not None:
         hw_thread.join()
     if vendor_pool is not None:
         vendor = {name: f.result() for name, f in vendor_futures.items()}
@@ -105,7 +105,8 @@ def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:
             gc.enable()
     topo.generation = generation
     topo.fingerprint = fingerprint(topo)
-    ts = Timestamp()
-    ts.GetCurrentTime()
-    topo.discovery_time.CopyFrom(ts)
+    # What Timestamp.GetCurrentTime gives (the same clock, whole microseconds) without its trip
+    # through datetime and calendar.
+    seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    topo.discovery_time.seconds, topo.discovery_time.nanos = seconds, micros * 1000
     return topo

@@ -5,9 +5,11 @@ Input, in order: an hwloc XML export (``ctx.hwloc_xml``), the live host, or a ca
 
 Extraction reads hwloc's C structures through the ctypes layer (``pyhwloc.hwloc.core``) instead of
 pyhwloc's ``Object`` wrappers: every wrapper attribute re-validates the topology and allocates
-Python objects, which made a naive walk cost several times hwloc's own load. Each level is walked
-once through ``next_cousin``, bitmaps go through one ``hwloc_bitmap_list_snprintf`` into a reused
-buffer with a parse cache (NUMA and PCI localities repeat), and the memattr and distance arrays are
+Python objects, which made a naive walk cost several times hwloc's own load. Objects are read
+through ``_ObjView``, a structure laid over ``hwloc_obj`` with only the fields we use and typed for
+cheap reads (pointers as plain addresses, the infos array as strings); each level is walked once
+through ``next_cousin``, bitmaps go through one ``hwloc_bitmap_list_snprintf`` into a reused buffer
+with a parse cache (NUMA and PCI localities repeat), and the memattr and distance arrays are
 fetched with a single call each where the capacity is known up front.
 """
 
@@ -17,9 +19,10 @@ import ctypes
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache, lru_cache
 from typing import Any
 
 from discovery.parts import (
@@ -102,6 +105,70 @@ def _unpacker(ctype: Any, names: tuple[str, ...]) -> struct.Struct | None:
     return layout if layout.size == pos <= ctypes.sizeof(ctype) else None
 
 
+def _overlay(name: str, fields: list[tuple[str, int, Any]], size: int) -> type[ctypes.Structure]:
+    """A structure with ``fields`` (name, offset, ctype) at the given offsets and padding between.
+
+    Reading a pointer field of pyhwloc's structures yields a pointer object (and ``.contents`` one
+    more); an overlay that types it ``c_void_p`` yields the plain address, several times cheaper
+    for the walks below, which follow thousands of pointers per discovery.
+    """
+    layout: list[tuple[str, Any]] = []
+    pos = 0
+    for n, (fname, offset, ctype) in enumerate(sorted(fields, key=lambda f: f[1])):
+        if offset < pos:
+            raise RuntimeError(f"hwloc {name} layout: {fname} overlaps the previous field")
+        if offset > pos:
+            layout.append((f"_pad{n}", ctypes.c_char * (offset - pos)))
+        layout.append((fname, ctype))
+        pos = offset + ctypes.sizeof(ctype)
+    if pos < size:
+        layout.append(("_tail", ctypes.c_char * (size - pos)))
+    view = type(name, (ctypes.Structure,), {"_fields_": layout})
+    # Padding is plain bytes, so natural alignment could only move a field, never hide it: check.
+    for fname, offset, _ in fields:
+        if getattr(view, fname).offset != offset:
+            raise RuntimeError(f"hwloc {name} layout: {fname} not at offset {offset}")
+    return view
+
+
+def _obj_view(core: Any, v3: bool) -> type[ctypes.Structure]:
+    """``_ObjView``: the hwloc_obj fields the extractor reads, at pyhwloc's own offsets."""
+    obj = core.Obj
+    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    fields: list[tuple[str, int, Any]] = [
+        ("type", obj.type.offset, ctypes.c_int),
+        ("subtype", obj.subtype.offset, cp),
+        ("os_index", obj.os_index.offset, ctypes.c_uint),
+        ("name", obj.name.offset, cp),
+        ("attr", obj.attr.offset, vp),
+        ("logical_index", obj.logical_index.offset, ctypes.c_uint),
+        ("next_cousin", obj.next_cousin.offset, vp),
+        ("parent", obj.parent.offset, vp),
+        ("cpuset", obj.cpuset.offset, vp),
+        ("nodeset", obj.nodeset.offset, vp),
+        ("gp_index", obj.gp_index.offset, ctypes.c_uint64),
+    ]
+    # An info entry is two char pointers (name, value): read the array as a flat list of strings.
+    if v3:  # struct hwloc_infos_s embedded in the object
+        base = obj.infos.offset
+        fields += [("infos_array", base + core.Infos.array.offset, ctypes.POINTER(cp)),
+                   ("infos_count", base + core.Infos.count.offset, ctypes.c_uint)]
+    else:
+        fields += [("infos_array", obj.infos.offset, ctypes.POINTER(cp)),
+                   ("infos_count", obj.infos_count.offset, ctypes.c_uint)]
+    return _overlay("_ObjView", fields, ctypes.sizeof(obj))
+
+
+def _distances_view(core: Any) -> type[ctypes.Structure]:
+    d = core.Distances
+    return _overlay("_DistancesView", [
+        ("nbobjs", d.nbobjs.offset, ctypes.c_uint),
+        ("objs", d.objs.offset, ctypes.POINTER(ctypes.c_void_p)),
+        ("kind", d.kind.offset, ctypes.c_uint64),
+        ("values", d.values.offset, ctypes.c_void_p),
+    ], ctypes.sizeof(d))
+
+
 class _Api:
     """The pieces of pyhwloc's ctypes layer we use, resolved once per process."""
 
@@ -128,6 +195,13 @@ class _Api:
         self.obj_ptr = core.obj_t
         self.distances_ptr = ctypes.POINTER(core.Distances)
         self.pci_unpack = _unpacker(core.PcidevAttr, _PCI_FIELDS)
+        self.pci_raw = ctypes.c_char * ctypes.sizeof(core.PcidevAttr)
+        self.obj_view = _obj_view(core, self.v3)
+        self.distances_view = _distances_view(core)
+        # Our own prototype of the level walk's entry point: pyhwloc's returns a pointer object.
+        self.obj_by_depth = self.lib["hwloc_get_obj_by_depth"]
+        self.obj_by_depth.restype = ctypes.c_void_p
+        self.obj_by_depth.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
         self._type_names: dict[int, str] = {}
         self.library_version = ""
 
@@ -241,6 +315,9 @@ def _load(api: _Api, src: _Input) -> tuple[ctypes.c_void_p, str]:
 
 
 # ---- extraction -------------------------------------------------------------------------------
+# Bitmaps and infos repeat within a discovery (NUMA and PCI localities) and across discoveries of
+# the same host: their parsed forms are immutable and cached by text (bounded for a long-lived agent).
+@lru_cache(maxsize=4096)
 def _parse_list(text: bytes) -> Ids:
     """hwloc's list format ("0-3,8,10-"): a trailing open range means "and everything above"."""
     if not text:
@@ -259,38 +336,40 @@ def _parse_list(text: bytes) -> Ids:
 _CHAR_PP = ctypes.POINTER(ctypes.c_char_p)
 
 
-def _infos_dict(infos: Any) -> dict[str, str]:
-    count = infos.count
-    if not count:
-        return {}
-    # hwloc_info_s is two char pointers: read the whole array as one flat slice of strings
-    # instead of building a ctypes structure per entry.
-    flat = ctypes.cast(infos.array, _CHAR_PP)[: 2 * count]
+def _pairs_dict(flat: Sequence[bytes | None]) -> dict[str, str]:
+    """hwloc infos read as one flat list of strings: name, value, name, value …"""
     out: dict[str, str] = {}
-    for i in range(0, 2 * count, 2):
+    for i in range(0, len(flat), 2):
         name, value = flat[i], flat[i + 1]
         if name:
             out[name.decode(errors="replace")] = value.decode(errors="replace") if value else ""
     return out
 
 
+@lru_cache(maxsize=4096)
+def _decoded_infos(flat: tuple[bytes | None, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple(_pairs_dict(flat).items())
+
+
+def _view_infos(obj: Any) -> dict[str, str]:
+    """An ``_ObjView``'s infos: a new dict each time (callers get their own), decoded once."""
+    count = obj.infos_count
+    return dict(_decoded_infos(tuple(obj.infos_array[: 2 * count]))) if count else {}
+
+
 def _topology_infos(api: _Api, hdl: ctypes.c_void_p) -> dict[str, str]:
-    if not api.v3:
+    if not api.v3:  # hwloc 2 keeps them on the root object
         root = api.core.get_root_obj(hdl).contents
-        return _infos_dict_v2(root)
+        return _view_infos(api.obj_view.from_address(ctypes.addressof(root)))
     ptr = api.lib.hwloc_topology_get_infos(hdl)
-    return _infos_dict(ptr.contents) if ptr else {}
+    if not ptr:
+        return {}
+    infos = ptr.contents
+    count = infos.count
+    return dict(_decoded_infos(tuple(ctypes.cast(infos.array, _CHAR_PP)[: 2 * count]))) if count else {}
 
 
-def _infos_dict_v2(obj: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for i in range(obj.infos_count):
-        item = obj.infos[i]
-        if item.name:
-            out[item.name.decode(errors="replace")] = item.value.decode(errors="replace") if item.value else ""
-    return out
-
-
+@cache
 def _osdev_kind(types: int) -> str:
     for bit, kind in _OSDEV_KINDS:
         if types & bit:
@@ -307,15 +386,28 @@ def _tier(value: str | None) -> int | None:
         return None
 
 
+@lru_cache(maxsize=4096)
+def _bdf(domain: int, bus: int, dev: int, func: int) -> str:
+    """Cached: formatting costs more than the lookup, and the same functions come back each time."""
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"
+
+
+# A PCI function's locality (cpuset, nodeset of the first non-I/O ancestor) and its bridge path.
+_Above = tuple[Ids, Ids, tuple[str, ...]]
+_NOWHERE: _Above = ((), (), ())
+
+
 class _Extractor:
+    """Reads one loaded topology. Objects are ``_ObjView`` overlays, valid while it is loaded."""
+
     def __init__(self, api: _Api, hdl: ctypes.c_void_p, status: StatusBuilder) -> None:
         self.api = api
         self.hdl = hdl
         self.status = status
         self.lib = api.lib
+        self.view = api.obj_view
         self._buflen = 1024
         self._buf = ctypes.create_string_buffer(self._buflen)
-        self._sets: dict[bytes, Ids] = {}
 
     # -- helpers
     def ids(self, bitmap: int | None) -> Ids:
@@ -326,23 +418,16 @@ class _Extractor:
             self._buflen = n + 1
             self._buf = ctypes.create_string_buffer(self._buflen)
             self.lib.hwloc_bitmap_list_snprintf(self._buf, self._buflen, bitmap)
-        key = self._buf.value
-        cached = self._sets.get(key)
-        if cached is None:
-            cached = _parse_list(key)
-            self._sets[key] = cached
-        return cached
-
-    def info(self, obj: Any) -> dict[str, str]:
-        return _infos_dict(obj.infos) if self.api.v3 else _infos_dict_v2(obj)
+        return _parse_list(self._buf.value)
 
     def level(self, depth: int) -> Iterator[Any]:
-        """The objects of one level (a real or virtual depth), as ``Obj`` structures."""
-        ptr = self.lib.hwloc_get_obj_by_depth(self.hdl, depth, 0)
-        while ptr:
-            obj = ptr.contents
+        """The objects of one level (a real or virtual depth), as ``_ObjView`` overlays."""
+        view = self.view
+        addr = self.api.obj_by_depth(self.hdl, depth, 0)
+        while addr:
+            obj = view.from_address(addr)
             yield obj
-            ptr = obj.next_cousin
+            addr = obj.next_cousin
 
     def level_of_type(self, obj_type: int) -> Iterator[Any]:
         depth = self.lib.hwloc_get_type_depth(self.hdl, obj_type)
@@ -355,21 +440,22 @@ class _Extractor:
 
     # -- sections
     def nodes(self) -> tuple[HwlocNode, ...]:
-        api = self.api
+        api, view = self.api, self.view
         t_package = api.t_package
         has_tier_attr = api.numa_has_tier
+        numa_attr_type = api.core.NumanodeAttr
         out: list[HwlocNode] = []
         for obj in self.level(_DEPTH_NUMANODE):
             package: int | None = None
             parent = obj.parent
             while parent:
-                p = parent.contents
+                p = view.from_address(parent)
                 if p.type == t_package:
                     package = p.os_index
                     break
                 parent = p.parent
-            info = self.info(obj)
-            numa_attr = obj.attr.contents.numanode
+            info = _view_infos(obj)
+            numa_attr = numa_attr_type.from_address(obj.attr)
             tier = _tier(info.get("MemoryTier"))
             if tier is None and has_tier_attr:
                 raw = int(numa_attr.memory_tier)
@@ -392,47 +478,57 @@ class _Extractor:
 
     def distances(self) -> tuple[tuple[HwlocDistances, ...], tuple[HwlocObjectDistances, ...]]:
         """NUMA matrices, and the others (NVLinkBandwidth …) with their objects labelled."""
-        lib, hdl, t_numa = self.lib, self.hdl, self.api.t_numa
+        api, lib, hdl, t_numa, view = self.api, self.lib, self.hdl, self.api.t_numa, self.view
         nr = ctypes.c_uint(0)
         lib.hwloc_distances_get(hdl, ctypes.byref(nr), None, 0, 0)
         if not nr.value:
             return (), ()
-        arr = (self.api.distances_ptr * nr.value)()
+        arr = (api.distances_ptr * nr.value)()
         if lib.hwloc_distances_get(hdl, ctypes.byref(nr), arr, 0, 0) != 0:
             self.status.problem("hwloc_distances_get failed")
             return (), ()
         out: list[HwlocDistances] = []
         others: list[HwlocObjectDistances] = []
+        count = min(nr.value, len(arr))
         try:
-            for i in range(min(nr.value, len(arr))):
-                d = arr[i].contents
+            # The same pointers read as plain addresses, for the overlay.
+            addresses = (ctypes.c_void_p * len(arr)).from_buffer(arr)
+            for i in range(count):
+                address = addresses[i]
+                if not address:  # hwloc fills every slot up to nr; never seen, but not worth a crash
+                    continue
+                d = api.distances_view.from_address(address)
                 n = d.nbobjs
-                objs = [d.objs[j].contents for j in range(n)]
+                objs = [view.from_address(a) for a in d.objs[:n]]
                 if not objs:
                     continue
-                flat = d.values[: n * n]
+                # One unpack of the n×n uint64 array into a tuple, whose row slices are the rows.
+                flat = struct.unpack_from(f"@{n * n}Q", (ctypes.c_char * (8 * n * n)).from_address(d.values))
                 name = lib.hwloc_distances_get_name(hdl, arr[i])
                 label = name.decode() if name else ""
-                matrix = tuple(tuple(flat[r * n:(r + 1) * n]) for r in range(n))
+                matrix = tuple([flat[r * n:(r + 1) * n] for r in range(n)])
                 if all(o.type == t_numa for o in objs):
                     out.append(HwlocDistances(name=label, kind=int(d.kind),
-                                              nodes=tuple(o.os_index for o in objs), matrix=matrix))
+                                              nodes=tuple([o.os_index for o in objs]), matrix=matrix))
                 else:
-                    others.append(HwlocObjectDistances(label, tuple(self._label(o) for o in objs), matrix))
+                    others.append(HwlocObjectDistances(label, tuple([self._label(o) for o in objs]), matrix))
         finally:
-            for i in range(min(nr.value, len(arr))):
+            for i in range(count):
                 lib.hwloc_distances_release(hdl, arr[i])
         return tuple(out), tuple(others)
 
     def _label(self, obj: Any) -> str:
         api = self.api
-        if obj.type == api.t_osdev and obj.name:
-            return str(obj.name.decode(errors="replace"))
-        if obj.type == api.t_pci:
-            domain, bus, dev, func = self._pcidev(obj, api.pci_unpack)[:4]
-            return f"{api.type_name(obj.type)}@{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"
+        obj_type = obj.type
+        if obj_type == api.t_osdev:
+            name = obj.name
+            if name:
+                return str(name.decode(errors="replace"))
+        if obj_type == api.t_pci:
+            domain, bus, dev, func = self._pcidev(obj)[:4]
+            return f"{api.type_name(obj_type)}@{_bdf(domain, bus, dev, func)}"
         index = obj.os_index if obj.os_index != _UNKNOWN_INDEX else obj.logical_index
-        return f"{api.type_name(obj.type)}#{index}"
+        return f"{api.type_name(obj_type)}#{index}"
 
     def memattrs(self, n_nodes: int) -> tuple[HwlocMemattrValue, ...]:
         api, lib, hdl = self.api, self.lib, self.hdl
@@ -450,25 +546,34 @@ class _Extractor:
         lvalues = (api.uint64 * cap)()
         out: list[HwlocMemattrValue] = []
         attr_id = 0
-        # hwloc has no "number of attributes" call: ids are dense, the first unknown one fails.
-        while lib.hwloc_memattr_get_name(hdl, attr_id, ctypes.byref(name_p)) == 0:
+        name_ref, flags_ref, nr_ref = ctypes.byref(name_p), ctypes.byref(flags), ctypes.byref(nr)
+
+        def attr_name(attr: int) -> str:
+            lib.hwloc_memattr_get_name(hdl, attr, name_ref)
+            return name_p.value.decode() if name_p.value else str(attr)
+
+        # hwloc has no "number of attributes" call: ids are dense, the first unknown one fails. Most
+        # attributes have no value at all (XML exports, hosts without HMAT): the name is read only
+        # for those that do.
+        while lib.hwloc_memattr_get_flags(hdl, attr_id, flags_ref) == 0:
             current = attr_id
             attr_id += 1
             if current in _DERIVED_MEMATTRS:
                 continue
-            name = name_p.value.decode() if name_p.value else str(current)
-            lib.hwloc_memattr_get_flags(hdl, current, ctypes.byref(flags))
             need_initiator = bool(flags.value & _MEMATTR_NEED_INITIATOR)
             nr.value = tcap
-            rc = lib.hwloc_memattr_get_targets(hdl, current, None, 0, ctypes.byref(nr), targets, tvalues)
+            rc = lib.hwloc_memattr_get_targets(hdl, current, None, 0, nr_ref, targets, tvalues)
             if rc == 0 and nr.value > tcap:
                 tcap = nr.value
                 targets = (api.obj_ptr * tcap)()
                 tvalues = (api.uint64 * tcap)()
-                rc = lib.hwloc_memattr_get_targets(hdl, current, None, 0, ctypes.byref(nr), targets, tvalues)
+                rc = lib.hwloc_memattr_get_targets(hdl, current, None, 0, nr_ref, targets, tvalues)
             if rc != 0:
-                self.status.problem(f"hwloc_memattr_get_targets({name}) failed")
+                self.status.problem(f"hwloc_memattr_get_targets({attr_name(current)}) failed")
                 continue
+            if not nr.value:
+                continue
+            name = attr_name(current)
             for t in range(min(nr.value, tcap)):
                 target_ptr = targets[t]
                 target_obj = target_ptr.contents
@@ -508,6 +613,8 @@ class _Extractor:
     def os_devices(self) -> tuple[dict[int, list[HwlocOsDevice]], list[HwlocOsDevice]]:
         """OS devices grouped by the gp_index of their PCI parent, and the ones with no PCI parent."""
         t_pci = self.api.t_pci
+        view = self.view
+        osdev_attr = self.api.core.OsdevAttr
         by_pci: dict[int, list[HwlocOsDevice]] = {}
         other: list[HwlocOsDevice] = []
         for obj in self.level(_DEPTH_OSDEV):
@@ -515,13 +622,13 @@ class _Extractor:
             subtype = obj.subtype
             dev = HwlocOsDevice(
                 name=name.decode(errors="replace") if name else "",
-                kind=_osdev_kind(int(obj.attr.contents.osdev.types)),
+                kind=_osdev_kind(int(osdev_attr.from_address(obj.attr).types)),
                 subtype=subtype.decode(errors="replace") if subtype else "",
-                info=self.info(obj),
+                info=_view_infos(obj),
             )
             parent = obj.parent
             if parent:
-                p = parent.contents
+                p = view.from_address(parent)
                 if p.type == t_pci:
                     by_pci.setdefault(p.gp_index, []).append(dev)
                     continue
@@ -530,58 +637,70 @@ class _Extractor:
 
     def pci(self, by_pci: Mapping[int, list[HwlocOsDevice]]) -> tuple[HwlocPci, ...]:
         out: list[HwlocPci] = []
-        unpack = self.api.pci_unpack
-        # Keyed by the parent's gp_index: siblings under one switch share one walk up the tree.
-        above: dict[int, tuple[Ids, Ids, tuple[str, ...]]] = {}
+        pcidev, above = self._pcidev, self._above
+        # Keyed by the parent's address: siblings under one switch share one walk up the tree.
+        cache: dict[int, _Above] = {}
         for obj in self.level(_DEPTH_PCI):
             domain, bus, dev, func, prog_if, class_id, vendor, device, subvendor, subdevice, linkspeed = (
-                self._pcidev(obj, unpack))
+                pcidev(obj))
             parent = obj.parent
-            cpuset, nodeset, upstream = self._above(parent.contents, above) if parent else ((), (), ())
+            cpuset, nodeset, upstream = above(parent, cache) if parent else _NOWHERE
             subtype = obj.subtype
+            devices = by_pci.get(obj.gp_index)
+            # Positional, in field order: matching a dozen keywords cost more than building the rest.
             out.append(HwlocPci(
-                bdf=f"{domain:04x}:{bus:02x}:{dev:02x}.{func:x}",
-                vendor_id=vendor,
-                device_id=device,
-                subsystem_vendor_id=subvendor,
-                subsystem_device_id=subdevice,
-                class_code=(class_id << 8) | prog_if,
+                _bdf(domain, bus, dev, func),
+                vendor, device, subvendor, subdevice,
+                (class_id << 8) | prog_if,
                 # The attribute is a C float: round away its binary noise (8.0, 0.25, 15.754).
-                link_speed_gbps=round(float(linkspeed), 4),
-                cpuset=cpuset,
-                nodeset=nodeset,
-                os_devices=tuple(by_pci.get(obj.gp_index, ())),
-                subtype=subtype.decode(errors="replace") if subtype else "",
-                upstream=upstream,
+                round(linkspeed, 4),
+                cpuset, nodeset,
+                tuple(devices) if devices else (),
+                subtype.decode(errors="replace") if subtype else "",
+                upstream,
             ))
         return tuple(out)
 
-    @staticmethod
-    def _pcidev(obj: Any, unpack: struct.Struct | None) -> tuple[Any, ...]:
+    def _pcidev(self, obj: Any) -> tuple[Any, ...]:
         """The pcidev attributes; a bridge's upstream PCI side has the same layout at offset 0."""
-        if unpack is not None:
-            return unpack.unpack_from(bytes(obj.attr.contents))
-        a = obj.attr.contents.pcidev
+        api = self.api
+        if api.pci_unpack is not None:
+            return api.pci_unpack.unpack_from(api.pci_raw.from_address(obj.attr))
+        a = api.core.PcidevAttr.from_address(obj.attr)
         return tuple(getattr(a, n) for n in _PCI_FIELDS)
 
-    def _above(self, p: Any, cache: dict[int, tuple[Ids, Ids, tuple[str, ...]]]
-               ) -> tuple[Ids, Ids, tuple[str, ...]]:
-        """Locality (cpuset, nodeset of the first non-I/O ancestor) and the bridge path down to here."""
-        key = p.gp_index
-        found = cache.get(key)
+    def _above(self, addr: int, cache: dict[int, _Above]) -> _Above:
+        """Locality (cpuset, nodeset of the first non-I/O ancestor) and the bridge path down to the
+        object at ``addr``; every I/O object passed on the way up is cached too."""
+        found = cache.get(addr)
         if found is not None:
             return found
-        if p.type not in self.api.io_types:
-            found = (self.ids(p.cpuset), self.ids(p.nodeset), ())
-        else:
-            grand = p.parent
-            cpuset, nodeset, upstream = self._above(grand.contents, cache) if grand else ((), (), ())
-            if p.type == self.api.t_bridge:
-                # Only identity matters for path classes (a shared prefix), so a bridge is named by
-                # its gp_index: reading every bridge's PCI address cost more than the rest of this.
-                upstream = (*upstream, f"bridge#{p.gp_index}")
-            found = (cpuset, nodeset, upstream)
-        cache[key] = found
+        io_types, t_bridge, view = self.api.io_types, self.api.t_bridge, self.view
+        # I/O ancestors not cached yet, nearest first, with the name of those that are bridges.
+        # Only identity matters for path classes (a shared prefix), so a bridge is named by its
+        # gp_index: reading every bridge's PCI address cost more than the rest of this.
+        pending: list[tuple[int, str | None]] = []
+        while True:
+            p = view.from_address(addr)
+            obj_type = p.type
+            if obj_type not in io_types:
+                found = (self.ids(p.cpuset), self.ids(p.nodeset), ())
+                cache[addr] = found
+                break
+            pending.append((addr, f"bridge#{p.gp_index}" if obj_type == t_bridge else None))
+            addr = p.parent
+            if not addr:
+                found = _NOWHERE
+                break
+            found = cache.get(addr)
+            if found is not None:
+                break
+        cpuset, nodeset, upstream = found
+        for io_addr, bridge in reversed(pending):
+            if bridge is not None:
+                upstream = (*upstream, bridge)
+                found = (cpuset, nodeset, upstream)
+            cache[io_addr] = found
         return found
 
 
