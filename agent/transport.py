@@ -11,10 +11,11 @@ socket. grpc reports that name as ``context.peer()`` (``unix-abstract:memtopo.�
 a key into the front's table, never parsed, so nothing a client sends can claim an identity.
 
 Unix-socket bytes are moved by one thread with epoll and splice(2) through a pipe per direction: the
-kernel copies, the GIL is held only between system calls, and the pipe is the bounded buffer (a
-side that stops reading stops the other side being read). TLS is terminated with the ssl module on
-the event loop, client certificates requested and verified when a client CA is configured but not
-required, so read-only RPCs work with server-only TLS. docs/transport.md has the measurements.
+kernel moves the pages, the GIL is held only between system calls, and the pipe is the bounded
+buffer (a side that stops reading stops the other side being read). TLS is terminated with the ssl
+module, one thread per TLS connection (OpenSSL and the sockets run without the GIL), client
+certificates requested and verified when a client CA is configured but not required, so read-only
+RPCs work with server-only TLS. docs/transport.md has the design and the measurements.
 
 Order of use::
 
@@ -67,15 +68,18 @@ _GROUPS_MAX_BYTES: Final = 65536 * 4
 # answer, so a response crosses in one splice each way; over the per-user pipe quota the kernel's
 # default size still works, only with more round trips.
 PIPE_BYTES: Final = 1 << 20
-# Rounds of read+write per flow and event, so one busy stream cannot starve the others; epoll is
-# level-triggered and reports what is left.
-_ROUNDS_PER_EVENT: Final = 4
+# HUP and ERR go to both directions: reading finds EOF, writing finds the error.
+_READ_EVENTS: Final = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
+_WRITE_EVENTS: Final = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 # A local connection costs six descriptors (two sockets, two pipes).
 DEFAULT_MAX_CONNECTIONS: Final = 128
 UPSTREAM_CONNECT_TIMEOUT: Final = 2.0
 TLS_HANDSHAKE_TIMEOUT: Final = 10.0
 _TLS_CHUNK: Final = 256 * 1024
+_UPSTREAM_CHUNK: Final = 1 << 20
 _SPLICE_FLAGS: Final = os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE
+# (gid_t) -1 means "no change" to chown(2); larger does not fit gid_t.
+_NO_ID: Final = 2**32 - 1
 
 
 
@@ -179,7 +183,10 @@ def parse_groups(raw: bytes) -> tuple[int, ...]:
 def resolve_gid(group: str) -> int:
     """A group name or numeric id → gid."""
     if group.isascii() and group.isdigit():
-        return int(group)
+        gid = int(group)
+        if gid >= _NO_ID:
+            raise TransportError(f"group {group!r} is not a valid gid (0-{_NO_ID - 1})")
+        return gid
     try:
         return grp.getgrnam(group).gr_gid
     except (KeyError, ValueError):  # ValueError: an embedded NUL
@@ -326,9 +333,7 @@ class Front:
         self._unix_inode: tuple[int, int] | None = None
         self._lock_fd: int | None = None
         self._tcp_listeners: list[tuple[socket.socket, ssl.SSLContext]] = []
-        self._pump: _UnixPump | None = None
-        self._tls_servers: list[asyncio.Server] = []
-        self._tls_tasks: set[asyncio.Task[None]] = set()
+        self._pump: _Pump | None = None
         self._started = False
         self._stopped = False
         base = runtime_dir or tempfile.gettempdir()
@@ -348,12 +353,12 @@ class Front:
     @property
     def connections(self) -> int:
         """Open client connections (Unix and TLS)."""
-        return (self._pump.connections if self._pump else 0) + len(self._tls_tasks)
+        return self._pump.connections if self._pump else 0
 
     @property
     def alive(self) -> bool:
-        """False once the Unix relay thread has died (a bug, logged as ``front_failed``): local
-        clients are no longer served, which readiness should report."""
+        """False once the relay thread has died (a bug, logged as ``front_failed``): clients are no
+        longer served, which readiness should report."""
         return self._pump is None or self._stopped or self._pump.alive
 
     # -- listeners (before start) --
@@ -421,27 +426,14 @@ class Front:
         if self._unix_listener is None and not self._tcp_listeners:
             raise TransportError("front has no listener")
         self._started = True
-        if self._unix_listener is not None:
-            self._pump = _UnixPump(self._unix_listener, self.upstream_path, self._max)
-            self._pump.start()
-        for sock, ctx in self._tcp_listeners:
-            self._tls_servers.append(await asyncio.start_server(
-                self._serve_tls, sock=sock, ssl=ctx, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
-                limit=_TLS_CHUNK))
+        self._pump = _Pump(self._unix_listener, self._tcp_listeners, self.upstream_path, self._max)
+        self._pump.start()
 
     async def stop(self) -> None:
         """Close the listeners and every connection; remove the socket file and private directory."""
         if self._stopped:
             return
         self._stopped = True
-        for srv in self._tls_servers:
-            srv.close()
-        for task in list(self._tls_tasks):
-            task.cancel()
-        await asyncio.gather(*self._tls_tasks, return_exceptions=True)
-        for srv in self._tls_servers:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(srv.wait_closed(), 2.0)
         if self._pump is not None:
             await asyncio.to_thread(self._pump.stop)
         self.discard()
@@ -449,10 +441,11 @@ class Front:
     def discard(self) -> None:
         """Release everything without the pump (a front that never started, or after stop)."""
         self._stopped = True
-        if self._pump is None and self._unix_listener is not None:
-            self._unix_listener.close()
-        for sock, _ in self._tcp_listeners:
-            sock.close()
+        if self._pump is None:  # else the pump closed them
+            if self._unix_listener is not None:
+                self._unix_listener.close()
+            for sock, _ in self._tcp_listeners:
+                sock.close()
         if self.unix_path is not None and self._unix_inode is not None:
             # Only our own socket file: a successor may already have replaced it.
             with contextlib.suppress(OSError):
@@ -464,69 +457,18 @@ class Front:
             self._lock_fd = None
         shutil.rmtree(self._private_dir, ignore_errors=True)
 
-    # -- TLS --
 
-    async def _serve_tls(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        key = ""
-        upstream_writer: asyncio.StreamWriter | None = None
-        self._tls_tasks.add(task)
-        try:
-            if len(self._tls_tasks) > self._max:
-                log.warning("connection_refused", reason="max_connections", limit=self._max)
-                return
-            ident = _tls_identity(writer)
-            name, key = _new_peer_name("tls")
-            _PEERS[key] = ident
-            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                up.bind("\0" + name)
-                up.setblocking(False)
-                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(up, self.upstream_path),
-                                       UPSTREAM_CONNECT_TIMEOUT)
-            except (OSError, TimeoutError) as exc:
-                up.close()
-                log.warning("upstream_connect_failed", peer=ident.address, error=_reason(exc))
-                return
-            upstream_reader, upstream_writer = await asyncio.open_unix_connection(sock=up, limit=_TLS_CHUNK)
-            flows = [asyncio.ensure_future(_relay(reader, upstream_writer)),
-                     asyncio.ensure_future(_relay(upstream_reader, writer))]
-            try:
-                await asyncio.wait(flows, return_when=asyncio.FIRST_EXCEPTION)
-            finally:
-                for flow in flows:
-                    flow.cancel()
-                await asyncio.gather(*flows, return_exceptions=True)
-        except (OSError, ssl.SSLError, EOFError):
-            pass  # the connection broke; nothing to answer to
-        finally:
-            _PEERS.pop(key, None)
-            for w in (writer, upstream_writer):
-                if w is not None:
-                    w.close()
-            self._tls_tasks.discard(task)
-
-
-async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while data := await reader.read(_TLS_CHUNK):
-        writer.write(data)
-        await writer.drain()
-    if writer.can_write_eof():
-        writer.write_eof()
-    else:
-        writer.close()
-
-
-def _tls_identity(writer: asyncio.StreamWriter) -> TlsPeer:
-    addr = writer.get_extra_info("peername")
-    address = f"[{addr[0]}]:{addr[1]}" if addr and ":" in str(addr[0]) else (f"{addr[0]}:{addr[1]}" if addr else "?")
+def _tls_identity(cert: Mapping[str, object] | None, addr: object) -> TlsPeer:
+    host, port = (addr[0], addr[1]) if isinstance(addr, tuple) and len(addr) >= 2 else ("?", 0)
+    address = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     # getpeercert() is empty or None unless a certificate was presented *and* verified.
-    cert = writer.get_extra_info("peercert") or {}
     if not cert:
         return TlsPeer(address=address, client_cert=False)
-    cn = next((value for rdn in cert.get("subject", ()) for attr, value in rdn if attr == "commonName"), "")
-    names = tuple(f"{kind}:{value}" for kind, value in cert.get("subjectAltName", ()))
+    subject = cert.get("subject", ())
+    sans = cert.get("subjectAltName", ())
+    cn = next((str(value) for rdn in subject for attr, value in rdn if attr == "commonName"), "") \
+        if isinstance(subject, tuple) else ""
+    names = tuple(f"{kind}:{value}" for kind, value in sans) if isinstance(sans, tuple) else ()
     return TlsPeer(address=address, client_cert=True, common_name=cn, names=names)
 
 
@@ -587,44 +529,50 @@ def _remove_stale_socket(path: str) -> None:
 
 
 class _Flow:
-    """One direction of a connection: src → pipe → dst. ``pending`` bytes sit in the pipe."""
+    """One direction of a connection: src → pipe → dst. ``pending`` bytes sit in the pipe.
 
-    __slots__ = ("dst", "eof", "pending", "rpipe", "src", "wpipe")
+    One read and one write per readiness event, no read-until-EAGAIN: the 1 MiB pipe takes all
+    that is queued at once, and level-triggered epoll reports whatever arrives after."""
+
+    __slots__ = ("dst", "dst_fd", "eof", "pending", "rpipe", "src_fd", "wpipe")
 
     def __init__(self, src: socket.socket, dst: socket.socket) -> None:
-        self.src = src
+        self.src_fd = src.fileno()
         self.dst = dst
+        self.dst_fd = dst.fileno()
         self.rpipe, self.wpipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(OSError):
             fcntl.fcntl(self.wpipe, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self.pending = 0
         self.eof = False
 
-    def pump(self) -> None:
-        """Move what is ready without blocking. OSError (reset, broken pipe) ends the connection."""
-        for _ in range(_ROUNDS_PER_EVENT):
-            if self.pending:
-                try:
-                    n = os.splice(self.rpipe, self.dst.fileno(), self.pending, flags=_SPLICE_FLAGS)
-                except BlockingIOError:
-                    return
-                if n == 0:
-                    raise OSError(errno.EPIPE, "splice wrote nothing")
-                self.pending -= n
-                if self.pending:
-                    continue
-            if self.eof:
-                return
-            try:
-                n = os.splice(self.src.fileno(), self.wpipe, PIPE_BYTES, flags=_SPLICE_FLAGS)
-            except BlockingIOError:
-                return
-            if n == 0:
-                self.eof = True
-                with contextlib.suppress(OSError):
-                    self.dst.shutdown(socket.SHUT_WR)
-                return
-            self.pending = n
+    def fill(self) -> None:
+        """src → pipe (only into an empty pipe: the pipe is the buffer), then on to dst."""
+        if self.pending or self.eof:
+            return
+        try:
+            n = os.splice(self.src_fd, self.wpipe, PIPE_BYTES, flags=_SPLICE_FLAGS)
+        except BlockingIOError:
+            return
+        if n == 0:
+            self.eof = True
+            with contextlib.suppress(OSError):
+                self.dst.shutdown(socket.SHUT_WR)
+            return
+        self.pending = n
+        self.drain()
+
+    def drain(self) -> None:
+        """pipe → dst. OSError (reset, broken pipe) ends the connection."""
+        if not self.pending:
+            return
+        try:
+            n = os.splice(self.rpipe, self.dst_fd, self.pending, flags=_SPLICE_FLAGS)
+        except BlockingIOError:
+            return
+        if n == 0:
+            raise OSError(errno.EPIPE, "splice wrote nothing")
+        self.pending -= n
 
     def close(self) -> None:
         os.close(self.rpipe)
@@ -632,12 +580,14 @@ class _Flow:
 
 
 class _Pair:
-    __slots__ = ("client", "key", "masks", "to_client", "to_upstream", "upstream")
+    __slots__ = ("client", "client_fd", "key", "masks", "to_client", "to_upstream", "upstream", "upstream_fd")
 
     def __init__(self, key: str, client: socket.socket, upstream: socket.socket) -> None:
         self.key = key
         self.client = client
+        self.client_fd = client.fileno()
         self.upstream = upstream
+        self.upstream_fd = upstream.fileno()
         self.to_upstream = _Flow(client, upstream)
         try:
             self.to_client = _Flow(upstream, client)
@@ -647,83 +597,101 @@ class _Pair:
         # fd → the epoll mask it is registered with (absent = not registered).
         self.masks: dict[int, int] = {}
 
-    def wanted(self) -> dict[int, int]:
-        # Read a side only while its pipe is empty (the pipe is the buffer); wait for writability
-        # only with bytes to write. An fd wanting nothing is left out of epoll altogether: its
-        # EPOLLHUP would otherwise be reported on every wait.
-        up, down = self.to_upstream, self.to_client
-        return {
-            self.client.fileno(): (select.EPOLLIN if not up.eof and not up.pending else 0)
-            | (select.EPOLLOUT if down.pending else 0),
-            self.upstream.fileno(): (select.EPOLLIN if not down.eof and not down.pending else 0)
-            | (select.EPOLLOUT if up.pending else 0),
-        }
-
     @property
     def finished(self) -> bool:
         up, down = self.to_upstream, self.to_client
         return up.eof and down.eof and not up.pending and not down.pending
 
 
-class _UnixPump:
-    """One thread: accepts on the public socket, records each peer, relays with splice."""
+class _Pump:
+    """One thread accepts on every listener. Unix connections: their peer is recorded and the
+    bytes relayed by this thread with splice. TLS connections: each gets a thread (_TlsConnection)."""
 
-    def __init__(self, listener: socket.socket, upstream_path: str, max_connections: int) -> None:
-        self._listener = listener
+    def __init__(self, unix: socket.socket | None, tcp: list[tuple[socket.socket, ssl.SSLContext]],
+                 upstream_path: str, max_connections: int) -> None:
+        self._unix = unix
+        self._tcp = {sock.fileno(): (sock, ctx) for sock, ctx in tcp}
         self._upstream_path = upstream_path
         self._max = max_connections
         self._epoll = select.epoll()
         self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._pairs: dict[int, _Pair] = {}  # both fds of a pair → the pair
+        self._tls: set[_TlsConnection] = set()
+        self._tls_lock = threading.Lock()
         self._accepting = True
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="memtopo-front", daemon=True)
 
     @property
     def connections(self) -> int:
-        return len(self._pairs) // 2
+        return len(self._pairs) // 2 + len(self._tls)
+
+    def _listeners(self) -> list[socket.socket]:
+        return ([self._unix] if self._unix is not None else []) + [sock for sock, _ in self._tcp.values()]
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
     def start(self) -> None:
-        self._epoll.register(self._listener.fileno(), select.EPOLLIN)
+        for sock in self._listeners():
+            sock.setblocking(False)
+            self._epoll.register(sock.fileno(), select.EPOLLIN)
         self._epoll.register(self._wake, select.EPOLLIN)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping = True
+        self.wake()
+        self._thread.join()
+        with self._tls_lock:
+            tls = list(self._tls)
+        for conn in tls:
+            conn.abort()
+        for conn in tls:
+            conn.join(5.0)
+
+    def wake(self) -> None:
         if self._thread.is_alive():
             with contextlib.suppress(OSError):  # the thread may be closing the eventfd right now
                 os.eventfd_write(self._wake, 1)
-        self._thread.join()
+
+    def tls_done(self, conn: _TlsConnection) -> None:
+        with self._tls_lock:
+            self._tls.discard(conn)
+        if not self._accepting:
+            self.wake()  # a descriptor is free again
 
     def _run(self) -> None:
-        listener_fd = self._listener.fileno()
+        unix_fd = self._unix.fileno() if self._unix is not None else -1
         try:
             while not self._stopping:
-                for fd, _events in self._epoll.poll():
-                    if fd == listener_fd:
-                        self._accept()
+                for fd, events in self._epoll.poll():
+                    if fd == unix_fd:
+                        self._accept(self._unix, None)
+                    elif fd in self._tcp:
+                        self._accept(*self._tcp[fd])
                     elif fd == self._wake:
                         os.eventfd_read(self._wake)
+                        self._set_accepting(True)
                     else:
-                        self._service(fd)
+                        self._service(fd, events)
         except Exception:
-            # A bug here would silently stop every local client: say so before the thread ends.
+            # A bug here would silently stop every client: say so before the thread ends.
             log.exception("front_failed")
         finally:
             for pair in {id(p): p for p in self._pairs.values()}.values():
                 self._close(pair)
-            self._listener.close()
+            for sock in self._listeners():
+                sock.close()
             self._epoll.close()
             os.close(self._wake)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket | None, tls: ssl.SSLContext | None) -> None:
+        assert listener is not None
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, addr = listener.accept()
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -737,6 +705,12 @@ class _UnixPump:
             if self.connections >= self._max:
                 log.warning("connection_refused", reason="max_connections", limit=self._max)
                 conn.close()
+                continue
+            if tls is not None:
+                thread = _TlsConnection(self, conn, addr, tls, self._upstream_path)
+                with self._tls_lock:
+                    self._tls.add(thread)
+                thread.start()
                 continue
             try:
                 self._open(conn)
@@ -765,13 +739,19 @@ class _UnixPump:
         self._pairs[up.fileno()] = pair
         self._rearm(pair)
 
-    def _service(self, fd: int) -> None:
+    def _service(self, fd: int, events: int) -> None:
         pair = self._pairs.get(fd)
         if pair is None:
             return  # closed earlier in this batch of events
+        if fd == pair.client_fd:
+            inbound, outbound = pair.to_upstream, pair.to_client
+        else:
+            inbound, outbound = pair.to_client, pair.to_upstream
         try:
-            pair.to_upstream.pump()
-            pair.to_client.pump()
+            if events & _READ_EVENTS:
+                inbound.fill()
+            if events & _WRITE_EVENTS:
+                outbound.drain()
         except OSError:
             self._close(pair)
             return
@@ -781,19 +761,28 @@ class _UnixPump:
             self._rearm(pair)
 
     def _rearm(self, pair: _Pair) -> None:
-        for fd, mask in pair.wanted().items():
-            old = pair.masks.get(fd, 0)
-            if mask == old:
-                continue
-            if not mask:
-                self._epoll.unregister(fd)
-                del pair.masks[fd]
-            elif not old:
-                self._epoll.register(fd, mask)
-                pair.masks[fd] = mask
-            else:
-                self._epoll.modify(fd, mask)
-                pair.masks[fd] = mask
+        # Read a side only while its pipe is empty; wait for writability only with bytes to
+        # write. An fd wanting nothing leaves epoll: its EPOLLHUP would otherwise be reported on
+        # every wait.
+        up, down = pair.to_upstream, pair.to_client
+        self._set_mask(pair, pair.client_fd, (0 if up.eof or up.pending else select.EPOLLIN)
+                       | (select.EPOLLOUT if down.pending else 0))
+        self._set_mask(pair, pair.upstream_fd, (0 if down.eof or down.pending else select.EPOLLIN)
+                       | (select.EPOLLOUT if up.pending else 0))
+
+    def _set_mask(self, pair: _Pair, fd: int, mask: int) -> None:
+        old = pair.masks.get(fd, 0)
+        if mask == old:
+            return
+        if not mask:
+            self._epoll.unregister(fd)
+            del pair.masks[fd]
+        elif not old:
+            self._epoll.register(fd, mask)
+            pair.masks[fd] = mask
+        else:
+            self._epoll.modify(fd, mask)
+            pair.masks[fd] = mask
 
     def _close(self, pair: _Pair) -> None:
         _PEERS.pop(pair.key, None)
@@ -812,7 +801,89 @@ class _UnixPump:
         if on == self._accepting:
             return
         self._accepting = on
-        if on:
-            self._epoll.register(self._listener.fileno(), select.EPOLLIN)
-        else:
-            self._epoll.unregister(self._listener.fileno())
+        for sock in self._listeners():
+            if on:
+                self._epoll.register(sock.fileno(), select.EPOLLIN)
+            else:
+                self._epoll.unregister(sock.fileno())
+
+
+class _TlsConnection(threading.Thread):
+    """One TLS client: handshake, then relay with blocking calls in C (ssl and socket release the
+    GIL), both directions in this one thread because an SSL object must not be read and written
+    from two threads at once."""
+
+    def __init__(self, pump: _Pump, conn: socket.socket, addr: object, ctx: ssl.SSLContext,
+                 upstream_path: str) -> None:
+        super().__init__(name="memtopo-tls", daemon=True)
+        self._pump = pump
+        self._conn = conn
+        self._addr = addr
+        self._ctx = ctx
+        self._upstream_path = upstream_path
+        self._tls: ssl.SSLSocket | None = None
+        self._upstream: socket.socket | None = None
+
+    def abort(self) -> None:
+        """Wake the thread out of any blocking call (stop)."""
+        for sock in (self._tls or self._conn, self._upstream):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    # The plain socket's shutdown: SSLSocket.shutdown would drop the SSL object
+                    # under the relay's feet.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    def run(self) -> None:
+        key = ""
+        try:
+            # grpc writes small frames (headers, window updates) and waits for answers: Nagle
+            # would hold them for the peer's delayed ACK (40 ms a call).
+            self._conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conn.settimeout(TLS_HANDSHAKE_TIMEOUT)
+            tls = self._tls = self._ctx.wrap_socket(self._conn, server_side=True, do_handshake_on_connect=False)
+            tls.do_handshake()
+            tls.settimeout(None)
+            ident = _tls_identity(tls.getpeercert(), self._addr)
+            name, key = _new_peer_name("tls")
+            _PEERS[key] = ident
+            up = self._upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            up.bind("\0" + name)
+            up.settimeout(UPSTREAM_CONNECT_TIMEOUT)
+            try:
+                up.connect(self._upstream_path)
+            except OSError as exc:
+                log.warning("connection_setup_failed", peer=ident.address, error=_reason(exc))
+                return
+            up.settimeout(None)
+            _relay_tls(tls, up)
+        except (OSError, ValueError):
+            pass  # handshake refused or connection broken (ssl.SSLError is an OSError)
+        finally:
+            _PEERS.pop(key, None)
+            for sock in (self._tls, self._conn, self._upstream):
+                if sock is not None:
+                    sock.close()
+            self._pump.tls_done(self)
+
+
+def _relay_tls(tls: ssl.SSLSocket, up: socket.socket) -> None:
+    poll = select.poll()
+    poll.register(tls, select.POLLIN)
+    poll.register(up, select.POLLIN)
+    client_open = True
+    while True:
+        # Decrypted bytes may already sit in the SSL object, invisible to poll.
+        ready = {tls.fileno()} if client_open and tls.pending() else {fd for fd, _ in poll.poll()}
+        if client_open and tls.fileno() in ready:
+            data = tls.recv(_TLS_CHUNK)
+            if data:
+                up.sendall(data)
+            else:
+                client_open = False
+                poll.unregister(tls)
+                up.shutdown(socket.SHUT_WR)
+        if up.fileno() in ready:
+            data = up.recv(_UPSTREAM_CHUNK)
+            if not data:
+                return  # grpc closed the connection
+            tls.sendall(data)

@@ -527,13 +527,13 @@ def test_stopping_the_front_first_does_not_hang(sockdir: str) -> None:
 def test_a_dead_relay_thread_is_reported(sockdir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path = os.path.join(sockdir, "agent.sock")
 
-    def broken(self: object, fd: int) -> None:
+    def broken(self: object, fd: int, events: int) -> None:
         raise RuntimeError("bug")
 
     async def main() -> None:
         async with serving(path) as running:
             assert running.front.alive
-            monkeypatch.setattr(transport._UnixPump, "_service", broken)
+            monkeypatch.setattr(transport._Pump, "_service", broken)
             async with grpc.aio.insecure_channel(f"unix:{path}") as ch:
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await rpc(ch, "Read")(b"", timeout=2)
@@ -761,14 +761,14 @@ def test_parse_groups_takes_any_bytes(raw: bytes) -> None:
 
 
 @settings(max_examples=300)
-@given(name=st.text(max_size=16))
+@given(name=st.one_of(st.text(max_size=16), st.integers(min_value=0, max_value=2**40).map(str)))
 def test_resolve_gid_answers_or_raises_typed(name: str) -> None:
     try:
         gid = transport.resolve_gid(name)
     except transport.TransportError as exc:
         assert repr(name) in str(exc)
     else:
-        assert gid >= 0
+        assert 0 <= gid < 2**32 - 1  # fits gid_t and is not chown's "no change"
         assert name.isdigit() or grp.getgrgid(gid).gr_name == name
 
 
