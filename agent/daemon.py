@@ -187,7 +187,8 @@ class Agent:
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        front = transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None)
+        front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None)
+                 if cfg.socket else transport.Front(server))
         if cfg.tcp:
             # Through the front too: grpc's own TLS port cannot make a client certificate optional.
             tls = transport.server_tls_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca or None)
@@ -303,8 +304,8 @@ class Agent:
             if task is not None and not task.done():
                 task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await server.stop(grace=2.0)  # answers in flight still pass through the front
         await front.stop()
-        await server.stop(grace=2.0)
         if self.controller is not None:
             await self.controller.stop(1.0)
         if self.health_server is not None:
@@ -315,8 +316,4 @@ class Agent:
 def pb_enum_name(result: Any) -> str:
     name: str = result.State.Name(result.state)
     return name.removeprefix("STATE_").lower()
-
-
-def run_agent(config: AgentConfig) -> int:
-    return asyncio.run(Agent(config).run())
 

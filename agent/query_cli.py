@@ -32,6 +32,7 @@ from memtopo.v1 import plan_pb2 as planpb
 from .apply_cli import OK_STATES, read_plan
 from .apply_cli import render as render_result
 from .render import render
+from .transport import TransportError
 
 if TYPE_CHECKING:
     from memtopo.v1.agent_pb2_grpc import NodeAgentAsyncStub
@@ -92,7 +93,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"memtopo: {exc}", file=sys.stderr)
         return EXIT_CONFIG  # the unit's RestartPreventExitStatus: a bad config is not retried
     configure_logging(config.log.level, config.log.format)
-    return asyncio.run(Agent(config, embedded_controller=args.with_controller).run())
+    try:
+        return asyncio.run(Agent(config, embedded_controller=args.with_controller).run())
+    except TransportError as exc:  # socket in use, unreadable certificate, unknown group
+        print(f"memtopo: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def channel(args: argparse.Namespace) -> grpc.aio.Channel:
@@ -110,7 +115,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     except grpc.aio.AioRpcError as exc:
         print(f"memtopo: {args.what}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_FAILED
-    except ApplyError as exc:
+    except (ApplyError, TransportError) as exc:
         print(f"memtopo: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -64,14 +64,13 @@ SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)
 # Python's getsockopt allows at most 1024 bytes (256 groups); NGROUPS_MAX is 65536.
 _GROUPS_FIRST_BYTES: Final = 1024
 _GROUPS_MAX_BYTES: Final = 65536 * 4
-# One pipe per direction and connection. 1 MiB (the default pipe-max-size) holds a whole topology
-# answer, so a response crosses in one splice each way; over the per-user pipe quota the kernel's
-# default size still works, only with more round trips.
+# Pipes for splice: 1 MiB (the default pipe-max-size) holds a whole topology answer, so a response
+# crosses in one splice each way.
 PIPE_BYTES: Final = 1 << 20
 # HUP and ERR go to both directions: reading finds EOF, writing finds the error.
 _READ_EVENTS: Final = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITE_EVENTS: Final = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
-# A local connection costs six descriptors (two sockets, two pipes).
+# A local connection costs two descriptors (plus a pipe while its reader lags); a TLS one a thread.
 DEFAULT_MAX_CONNECTIONS: Final = 128
 UPSTREAM_CONNECT_TIMEOUT: Final = 2.0
 TLS_HANDSHAKE_TIMEOUT: Final = 10.0
@@ -366,6 +365,8 @@ class Front:
     def listen_unix(self, path: str, mode: int, group: str | None) -> None:
         """Bind the public Unix socket with ``mode`` and group ``group`` (name or gid; None = the
         agent's). A stale socket file is replaced; a live one raises :class:`SocketInUseError`."""
+        if self._started:
+            raise TransportError("listeners are added before start()")
         if self._unix_listener is not None:
             raise TransportError("this front already has a Unix socket")
         if not 0 <= mode <= 0o777:
@@ -396,6 +397,8 @@ class Front:
 
     def listen_tcp(self, address: str, tls: ssl.SSLContext) -> int:
         """Bind a TLS listener on ``host:port`` (port 0 = any); returns the port."""
+        if self._started:
+            raise TransportError("listeners are added before start()")
         try:
             host, port = parse_host_port(address)
         except AddressError as exc:
@@ -528,72 +531,112 @@ def _remove_stale_socket(path: str) -> None:
 # ---- the Unix pump --------------------------------------------------------------------------------
 
 
+class _PipePool:
+    """Pipes for splice, shared by all connections of the pump thread. A flow holds a pipe only
+    while bytes wait in it (its destination is not reading); every other time the pipe goes back
+    here. So a connection costs two descriptors, and the 1 MiB pipes count against the per-user
+    pipe quota (pipe-user-pages-soft, 64 MiB) only for the few flows that are blocked."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self._keep = keep
+        self._free: list[tuple[int, int]] = []
+
+    def get(self) -> tuple[int, int]:
+        if self._free:
+            return self._free.pop()
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Over the quota the default size still works, only with more round trips.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        return r, w
+
+    def put(self, pipe: tuple[int, int]) -> None:
+        """Take back an *empty* pipe."""
+        if len(self._free) < self._keep:
+            self._free.append(pipe)
+        else:
+            _close_pipe(pipe)
+
+    def close(self) -> None:
+        for pipe in self._free:
+            _close_pipe(pipe)
+        self._free.clear()
+
+
+def _close_pipe(pipe: tuple[int, int]) -> None:
+    os.close(pipe[0])
+    os.close(pipe[1])
+
+
 class _Flow:
-    """One direction of a connection: src → pipe → dst. ``pending`` bytes sit in the pipe.
+    """One direction of a connection: src → pipe → dst. ``pending`` bytes sit in ``pipe``.
 
     One read and one write per readiness event, no read-until-EAGAIN: the 1 MiB pipe takes all
     that is queued at once, and level-triggered epoll reports whatever arrives after."""
 
-    __slots__ = ("dst", "dst_fd", "eof", "pending", "rpipe", "src_fd", "wpipe")
+    __slots__ = ("dst", "dst_fd", "eof", "pending", "pipe", "pool", "src_fd")
 
-    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+    def __init__(self, src: socket.socket, dst: socket.socket, pool: _PipePool) -> None:
         self.src_fd = src.fileno()
         self.dst = dst
         self.dst_fd = dst.fileno()
-        self.rpipe, self.wpipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(self.wpipe, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self.pool = pool
+        self.pipe: tuple[int, int] | None = None
         self.pending = 0
         self.eof = False
 
     def fill(self) -> None:
-        """src → pipe (only into an empty pipe: the pipe is the buffer), then on to dst."""
+        """src → pipe (only when nothing is pending: the pipe is the buffer), then on to dst."""
         if self.pending or self.eof:
             return
+        self.pipe = self.pool.get()
         try:
-            n = os.splice(self.src_fd, self.wpipe, PIPE_BYTES, flags=_SPLICE_FLAGS)
+            n = os.splice(self.src_fd, self.pipe[1], PIPE_BYTES, flags=_SPLICE_FLAGS)
         except BlockingIOError:
-            return
-        if n == 0:
-            self.eof = True
-            with contextlib.suppress(OSError):
-                self.dst.shutdown(socket.SHUT_WR)
+            n = -1
+        if n <= 0:
+            self.pool.put(self.pipe)
+            self.pipe = None
+            if n == 0:
+                self.eof = True
+                with contextlib.suppress(OSError):
+                    self.dst.shutdown(socket.SHUT_WR)
             return
         self.pending = n
         self.drain()
 
     def drain(self) -> None:
         """pipe → dst. OSError (reset, broken pipe) ends the connection."""
-        if not self.pending:
+        if not self.pending or self.pipe is None:
             return
         try:
-            n = os.splice(self.rpipe, self.dst_fd, self.pending, flags=_SPLICE_FLAGS)
+            n = os.splice(self.pipe[0], self.dst_fd, self.pending, flags=_SPLICE_FLAGS)
         except BlockingIOError:
             return
         if n == 0:
             raise OSError(errno.EPIPE, "splice wrote nothing")
         self.pending -= n
+        if not self.pending:
+            self.pool.put(self.pipe)
+            self.pipe = None
 
     def close(self) -> None:
-        os.close(self.rpipe)
-        os.close(self.wpipe)
+        if self.pipe is not None:  # may hold bytes: not for reuse
+            _close_pipe(self.pipe)
+            self.pipe = None
 
 
 class _Pair:
     __slots__ = ("client", "client_fd", "key", "masks", "to_client", "to_upstream", "upstream", "upstream_fd")
 
-    def __init__(self, key: str, client: socket.socket, upstream: socket.socket) -> None:
+    def __init__(self, key: str, client: socket.socket, upstream: socket.socket, pool: _PipePool) -> None:
         self.key = key
         self.client = client
         self.client_fd = client.fileno()
         self.upstream = upstream
         self.upstream_fd = upstream.fileno()
-        self.to_upstream = _Flow(client, upstream)
-        try:
-            self.to_client = _Flow(upstream, client)
-        except OSError:
-            self.to_upstream.close()
-            raise
+        self.to_upstream = _Flow(client, upstream, pool)
+        self.to_client = _Flow(upstream, client, pool)
         # fd → the epoll mask it is registered with (absent = not registered).
         self.masks: dict[int, int] = {}
 
@@ -616,6 +659,7 @@ class _Pump:
         self._epoll = select.epoll()
         self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._pairs: dict[int, _Pair] = {}  # both fds of a pair → the pair
+        self._pipes = _PipePool()
         self._tls: set[_TlsConnection] = set()
         self._tls_lock = threading.Lock()
         self._accepting = True
@@ -684,6 +728,7 @@ class _Pump:
                 self._close(pair)
             for sock in self._listeners():
                 sock.close()
+            self._pipes.close()
             self._epoll.close()
             os.close(self._wake)
 
@@ -730,7 +775,7 @@ class _Pump:
             up.connect(self._upstream_path)
             up.setblocking(False)
             conn.setblocking(False)
-            pair = _Pair(key, conn, up)
+            pair = _Pair(key, conn, up, self._pipes)
         except BaseException:
             _PEERS.pop(key, None)
             up.close()

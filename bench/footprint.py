@@ -136,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         ok = ok and mib <= TARGET_RSS_MIB
         print(f"{'RSS ' + name + ' (MiB)':<46} {mib:>10.1f} {f'<= {TARGET_RSS_MIB:.0f}':>10} "
               f"{'PASS' if mib <= TARGET_RSS_MIB else 'FAIL'}")
+    print(f"{'  of which anonymous (MiB)':<46} {mem['RssAnon'] / 1024:>10.1f}")
+    print(f"{'  of which file-backed: code, shared (MiB)':<46} {mem['RssFile'] / 1024:>10.1f}")
     print(f"{'peak RSS over the run, VmHWM (MiB)':<46} {peak / 1024:>10.1f}")
     ok = ok and idle_pct <= TARGET_IDLE_PERCENT
     print(f"{f'idle CPU over {idle:.0f} s (% of one core)':<46} {idle_pct:>10.3f} "

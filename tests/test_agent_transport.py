@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -456,6 +456,73 @@ def test_concurrent_clients_and_streams_get_every_byte(sockdir: str) -> None:
     asyncio.run(main())
 
 
+class StubServer:
+    """Stands in for grpc: the front only needs the private address, so any byte stream can be
+    relayed and checked exactly."""
+
+    address = ""
+
+    def add_insecure_port(self, address: str) -> int:
+        self.address = address
+        return 1
+
+
+def test_relay_is_byte_exact_under_backpressure_both_ways(sockdir: str) -> None:
+    path = os.path.join(sockdir, "agent.sock")
+    produced = os.urandom(8 << 20)  # far more than socket buffers and one pipe hold
+    uploaded = os.urandom(4 << 20)
+
+    async def main() -> None:
+        stub = StubServer()
+        front = transport.prepare_local(cast(grpc.aio.Server, stub), path, 0o660, None)
+        received = bytearray()
+        upstream_peer: list[str] = []
+
+        async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            name = writer.get_extra_info("peername")
+            upstream_peer.append(name.decode() if isinstance(name, bytes) else name)
+
+            async def send() -> None:
+                writer.write(produced)
+                await writer.drain()
+                writer.write_eof()
+
+            async def slow_receive() -> None:
+                while chunk := await reader.read(65536):
+                    received.extend(chunk)
+                    await asyncio.sleep(0.001)
+
+            await asyncio.gather(send(), slow_receive())
+            writer.close()
+
+        server = await asyncio.start_unix_server(upstream, stub.address.removeprefix("unix:"))
+        await front.start()
+        try:
+            reader, writer = await asyncio.open_unix_connection(path)
+            await asyncio.sleep(0.3)  # not reading: the front must hold what it has and wait
+            assert front.connections == 1
+            # The upstream saw the front's abstract name, which maps to this process's credentials.
+            assert upstream_peer and upstream_peer[0].startswith("\0memtopo.")
+            cred = transport._PEERS["unix-abstract:" + upstream_peer[0][1:]]
+            assert isinstance(cred, transport.PeerCred) and cred.pid == os.getpid()
+
+            async def upload() -> None:
+                writer.write(uploaded)
+                await writer.drain()
+                writer.write_eof()  # a half-close crosses the front
+
+            _, downloaded = await asyncio.wait_for(asyncio.gather(upload(), reader.read()), 60)
+            writer.close()
+            assert downloaded == produced
+            await _settle(lambda: bytes(received) == uploaded)
+            await _settle(lambda: front.connections == 0)
+        finally:
+            await front.stop()
+            server.close()
+
+    asyncio.run(main())
+
+
 def test_connection_limit(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
 
@@ -667,13 +734,14 @@ def test_mtls_client_may_apply_and_others_only_read(pki: Pki) -> None:
 
 def test_plaintext_and_native_tls_ports_are_judged_by_grpc_auth_context(pki: Pki) -> None:
     # Ports grpc serves itself (not through the front): plaintext never applies; grpc's own mTLS
-    # (client certificate required) does; its server-only TLS does not.
+    # (client certificate required) does. Its TLS with the client CA but require_client_auth=False
+    # never even asks for the certificate — the reason the agent's TCP listener is the front's.
     def native(require: bool) -> grpc.ServerCredentials:
         pair = (Path(pki.server_key).read_bytes(), Path(pki.server_cert).read_bytes())
-        return grpc.ssl_server_credentials([pair], Path(pki.ca).read_bytes() if require else None, require)
+        return grpc.ssl_server_credentials([pair], Path(pki.ca).read_bytes(), require)
 
     async def main() -> None:
-        async with serving(None, native={"plain": None, "mtls": native(True), "tls": native(False)},
+        async with serving(None, native={"plain": None, "mtls": native(True), "optional": native(False)},
                            tcp=transport.server_tls_context(pki.server_cert, pki.server_key, None)) as running:
             ports = running.native_ports
             async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['plain']}") as ch:
@@ -682,7 +750,8 @@ def test_plaintext_and_native_tls_ports_are_judged_by_grpc_auth_context(pki: Pki
                 assert code == "PERMISSION_DENIED" and "plaintext" in details
             async with _tls_channel(ports["mtls"], pki, pki.client_cert, pki.client_key) as ch:
                 assert await ok(ch, "Apply") == b"applied"
-            async with _tls_channel(ports["tls"], pki) as ch:
+            async with _tls_channel(ports["optional"], pki, pki.client_cert, pki.client_key) as ch:
+                assert await ok(ch, "Read") == PAYLOAD
                 code, details = await refused(ch, "Apply")
                 assert code == "PERMISSION_DENIED" and "no client certificate" in details
 
