@@ -296,6 +296,9 @@ def test_agent_and_controller_end_to_end(tmp_path: Path) -> None:
             # A new agent process remembers the plan: still not applied twice.
             restarted = Agent(tmp_path, root, controller.port)
             restarted.start()
+            # Ready does not wait for the controller link (by design): wait for the new instance's link.
+            wait_for(lambda: (n := controller.node()) and n.connected and n.agent_instance_id != held.agent_instance_id,
+                     what="restarted agent linked")
             third = controller.submit(pin_plan("pin-sleep", child.pid, [0]))
             assert "seen before" in third.message and os.sched_getaffinity(child.pid) == {0, 1}
             assert restarted.stop() == 0
