@@ -127,17 +127,23 @@ class AgentSpec:
     debounce_seconds: float = 1.0
     heartbeat_seconds: float = 10.0
     log_level: str = "info"
-    # Write a cProfile of the agent's main thread (the asyncio loop: grpc.aio handlers, discovery
-    # scheduling, the link) here when it exits; the front's relay thread is not in it.
+    # Write a cProfile of the agent here when it exits (SIGTERM ends it normally). Python 3.12's
+    # cProfile sits on sys.monitoring, so the front's relay thread is in it with the event loop;
+    # grpc's C-core threads and Cython internals are not (they show as Context.run / epoll time).
     profile_to: Path | None = None
+    # Also listen on ``read.sock`` in the work directory: the read-only socket grpc serves without
+    # the front (``listen.read_socket``, proposed in the issue-4 benchmark report; an agent without
+    # that key refuses the config).
+    read_socket: bool = False
 
     def config_text(self, workdir: Path, health_port: int) -> str:
         # Keys as documented in docs/config.md; udev off because a captured root gets no events.
         ctl = (f'[controller]\naddress = "127.0.0.1:{self.controller_port}"\ninsecure = true\n'
                f'heartbeat_seconds = {self.heartbeat_seconds}\n'
                'backoff_initial_seconds = 0.05\nbackoff_max_seconds = 0.5\n') if self.controller_port else ""
+        read = f'read_socket = "{workdir / "read.sock"}"\n' if self.read_socket else ""
         return (f'node_name = "{self.node_name}"\nroot = "{self.root}"\nstate_dir = "{workdir / "state"}"\n'
-                f'[listen]\nsocket = "{workdir / "agent.sock"}"\n{ctl}'
+                f'[listen]\nsocket = "{workdir / "agent.sock"}"\n{read}{ctl}'
                 f'[discovery]\ndebounce_seconds = {self.debounce_seconds}\nudev = false\n'
                 f'[health]\nlisten = "127.0.0.1:{health_port}"\n'
                 f'[log]\nlevel = "{self.log_level}"\nformat = "json"\n')

@@ -1,7 +1,7 @@
 """GetTopology requests/s from a real agent against a bare grpc.aio server, measured in the same run.
 
-The subject is ``memtopo serve`` on hwloc's 64-NUMA-node capture (256ia64-64n2s2c, an IA64 Altix-class
-machine: the largest node count among the shared fixtures), asked over its public Unix socket, so
+The subject is ``memtopo serve`` on hwloc's 64-NUMA-node capture (256ia64-64n2s2c: 256 IA64 CPUs in 128
+packages, the largest node count among the shared fixtures), asked over its public Unix socket, so
 each call crosses the credential-recording front, the metrics interceptor and the service. The
 baseline is a bare grpc.aio server in its own process (``--bare-server``) on a Unix socket, with a
 generic handler whose response serializer is the identity, returning the very bytes the agent
@@ -21,11 +21,16 @@ land on one side only:
 
 Server CPU per call (utime+stime of the server process from /proc, every thread) is printed too: on
 a machine this small it is the steadier figure. Target: agent req/s / bare req/s >= 0.8 for both
-client shapes, judged on the median over rounds of the ratio within a round (the two sides of a
-round run back to back, so a drift in the machine's load cancels out; the ratio of the two medians
-is printed beside it).
+client shapes, judged on the median over rounds of the ratio within a round (a round's turns are seconds apart,
+so a drift in the machine's load mostly cancels out; the ratio of the two medians is printed
+beside it).
 
-    .venv/bin/python bench/rpc.py [--repeat N] [--seconds S] [--clients N] [--root NAME] [--profile FILE]
+``--read-socket`` adds the agent's ``listen.read_socket`` (grpc's own listener, no front; for an
+agent that has that key) as one more target. ``--profile FILE`` runs the sync client against an
+agent under cProfile instead and prints where its Python time goes.
+
+    .venv/bin/python bench/rpc.py [--repeat N] [--seconds S] [--clients N] [--root hwloc:NAME|lab:NAME]
+                                  [--read-socket] [--no-direct] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import itertools
 import pstats
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -86,8 +92,10 @@ async def serve_bare(socket_path: str, payload_path: str) -> None:
 
 
 # ---- targets -------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class Target:
+    """One server under test and what was measured against it (the dicts fill round by round)."""
+
     name: str
     address: str
     pid: int
@@ -102,7 +110,7 @@ class Target:
         self.calls[shape] = self.calls.get(shape, 0) + calls
 
     def paired(self, baseline: Target, shape: str) -> list[float]:
-        """This target's req/s over the baseline's, round by round (each round has both, back to back)."""
+        """This target's req/s over the baseline's, round by round (both ran in each round)."""
         return [a / b for a, b in zip(self.rates[shape], baseline.rates[shape], strict=True)]
 
     def median(self, shape: str) -> float:
@@ -203,8 +211,6 @@ def _fetch(address: str) -> bytes:
 
 @contextlib.contextmanager
 def bare_server(tmp: Path, payload: bytes) -> Iterator[tuple[str, int]]:
-    import subprocess
-
     (tmp / "payload.bin").write_bytes(payload)
     sock = tmp / "bare.sock"
     proc = subprocess.Popen([sys.executable, __file__, "--bare-server", str(sock), str(tmp / "payload.bin")],
@@ -250,6 +256,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8, help="concurrent asyncio clients")
     parser.add_argument("--root", default=DEFAULT_ROOT, help="hwloc:NAME (hwloc's Linux captures) or lab:NAME")
     parser.add_argument("--no-direct", action="store_true", help="skip the agent's private socket (diagnosis)")
+    parser.add_argument("--read-socket", action="store_true",
+                        help="also measure the agent's listen.read_socket (an agent that has that key)")
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="instead of the comparison, profile the agent's loop under the sync client")
     parser.add_argument("--bare-server", nargs=2, metavar=("SOCKET", "PAYLOAD"), help=argparse.SUPPRESS)
@@ -264,11 +272,13 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="memtopo-rpc-") as tmp_name:
         tmp = Path(tmp_name)
-        with AgentProcess(AgentSpec(root=root), tmp / "agent") as agent:
+        with AgentProcess(AgentSpec(root=root, read_socket=args.read_socket), tmp / "agent") as agent:
             payload = _fetch(agent.target)
             topo = pb.MemoryTopology.FromString(payload)
             with bare_server(tmp, payload) as (bare_addr, bare_pid):
                 targets = [Target("bare grpc.aio", bare_addr, bare_pid), Target("agent", agent.target, agent.pid)]
+                if args.read_socket:
+                    targets.append(Target("agent read_socket", f"unix://{agent.workdir / 'read.sock'}", agent.pid))
                 if not args.no_direct:
                     targets.append(Target("agent, no front", _private_socket(agent), agent.pid))
                 run_sync(targets, payload, args.repeat, args.seconds)
