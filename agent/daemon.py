@@ -36,7 +36,7 @@ from .config import AgentConfig
 from .health import HealthServer, LoopLiveness, start_health_server
 from .link import Backoff, ControllerLink, LinkState
 from .logs import get_logger
-from .metrics import AgentMetrics
+from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
 from .state import TopologyState
@@ -232,7 +232,7 @@ class Agent:
         plans = PlanRunner(engine, observe=self._observe_plan)
         recovered = await asyncio.to_thread(engine.recover)
         for res in recovered:
-            log.warning("plan_recovered", plan_id=res.plan_id, state=pb_enum_name(res), message=res.message)
+            log.warning("plan_recovered", plan_id=res.plan_id, state=plan_outcome(res), message=res.message)
         tasks: list[asyncio.Task[Any]] = []
         monitor = None
         with self._context() as ctx:
@@ -279,7 +279,7 @@ class Agent:
 
     def _observe_plan(self, result: Any) -> None:
         self.metrics.observe_plan(result)
-        log.info("plan_handled", plan_id=result.plan_id, state=pb_enum_name(result), message=result.message)
+        log.info("plan_handled", plan_id=result.plan_id, state=plan_outcome(result), message=result.message)
 
     async def _tick_until_stopped(self) -> None:
         interval = min(TICK_SECONDS, self.notifier.watchdog_interval() or TICK_SECONDS)
@@ -311,9 +311,4 @@ class Agent:
         if self.health_server is not None:
             self.health_server.stop()
         log.info("agent_stopped")
-
-
-def pb_enum_name(result: Any) -> str:
-    name: str = result.State.Name(result.state)
-    return name.removeprefix("STATE_").lower()
 

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 
 import grpc
 import structlog
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
 
-from .state import Published, TopologyState
+from .state import Published, TopologyState, now
 
 log = structlog.get_logger("memtopo.link")
 
@@ -62,12 +61,6 @@ class Backoff:
         by every agent of the fleet in the same instant."""
         cap = min(self.maximum, self.initial * (2 ** min(attempt, 30)))
         return rng.uniform(cap / 2, cap)
-
-
-def _now() -> Timestamp:
-    ts = Timestamp()
-    ts.GetCurrentTime()
-    return ts
 
 
 class ControllerLink:
@@ -140,7 +133,7 @@ class ControllerLink:
 
     def _hello(self) -> apb.AgentMessage:
         cur = self.state.current
-        return apb.AgentMessage(sent=_now(), hello=apb.AgentHello(
+        return apb.AgentMessage(sent=now(), hello=apb.AgentHello(
             node_name=self.node_name, agent_instance_id=self.state.instance_id, boot_id=self.boot_id,
             generation=cur.generation if cur else 0, fingerprint=cur.fingerprint if cur else "",
             agent_version=self.version))
@@ -225,15 +218,15 @@ class ControllerLink:
             if cur is not None and (self._snapshot_wanted or cur.generation > self._sent_generation):
                 self._snapshot_wanted = False
                 self._sent_generation = cur.generation
-                await call.write(apb.AgentMessage(sent=_now(), snapshot=cur.topology))
+                await call.write(apb.AgentMessage(sent=now(), snapshot=cur.topology))
                 log.debug("snapshot_sent", generation=cur.generation)
                 sent = True
             while self._results:
-                await call.write(apb.AgentMessage(sent=_now(), plan_result=self._results[0]))
+                await call.write(apb.AgentMessage(sent=now(), plan_result=self._results[0]))
                 self._results.popleft()
                 sent = True
             if not sent and loop.time() >= next_beat:
-                await call.write(apb.AgentMessage(sent=_now(), heartbeat=apb.AgentHeartbeat(
+                await call.write(apb.AgentMessage(sent=now(), heartbeat=apb.AgentHeartbeat(
                     generation=cur.generation if cur else 0, fingerprint=cur.fingerprint if cur else "")))
                 sent = True
             if sent:

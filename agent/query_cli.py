@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from apply.errors import ApplyError
+from apply.planio import to_json
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 
 DEFAULT_ADDR = "unix:///run/memtopo/agent.sock"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def to_json(msg: Message) -> str:
-    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=2)
 
 
 def add_commands(subparsers: Any) -> None:

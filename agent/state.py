@@ -54,7 +54,7 @@ class Published:
         """A serialized TopologyEvent: protobuf messages concatenate, so the snapshot's cached bytes
         are appended to a small header instead of being encoded again."""
         head = apb.TopologyEvent(agent_instance_id=instance_id, generation=self.generation,
-                                 fingerprint=self.fingerprint, sent=_now())
+                                 fingerprint=self.fingerprint, sent=now())
         if kind == "unchanged":
             head.unchanged.SetInParent()
         elif kind == "heartbeat":
@@ -67,7 +67,8 @@ class Published:
         return data
 
 
-def _now() -> Timestamp:
+def now() -> Timestamp:
+    """The send time stamped on every event and link message."""
     ts = Timestamp()
     ts.GetCurrentTime()
     return ts
