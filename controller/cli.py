@@ -5,6 +5,7 @@
     memtopo controller topology NODE [--format text|json]
     memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
     memtopo controller result NODE PLAN_ID [--format text|json]
+    memtopo controller place hccs|xpu|place --request FILE|-
     (client commands: --addr HOST:PORT (default 127.0.0.1:9470), --tls-ca/--tls-cert/--tls-key)
 
 A client speaks plaintext only to a loopback address without TLS options; any other address uses
@@ -12,6 +13,8 @@ TLS (the system's roots unless --tls-ca). Exit status: 0 done (for submit/result
 applied, unchanged or dry-run); 1 the plan was not applied (rejected, rolled back, failed);
 2 bad usage, an unreadable plan file or credentials; 3 the controller refused or could not be
 reached (the message names the gRPC status: NOT_FOUND, UNAVAILABLE, DEADLINE_EXCEEDED …).
+``place`` follows ``memtopo plan``'s contract instead: one JSON document on stdout, the decision or
+``{"error": {"code", "message"}}``; exit 0, 1 unsatisfiable, 2 invalid, 3 ``rpc_failed``/``internal``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +31,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from agent import plan_cli
 from agent.apply_cli import OK_STATES, read_plan
 from agent.apply_cli import render as render_result
 from agent.config import is_loopback
@@ -48,6 +53,7 @@ from controller.server import (
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
+from planner import fleet as fleet_policies
 
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
@@ -66,7 +72,7 @@ def add_commands(subparsers: Any) -> None:
                                 description="Without a sub-command: serve.")
     _serve_options(ctl, suppress=False)
     ctl.set_defaults(func=cmd_serve)
-    sub = ctl.add_subparsers(dest="controller_command", metavar="{serve,nodes,topology,submit,result}")
+    sub = ctl.add_subparsers(dest="controller_command", metavar="{serve,nodes,topology,submit,result,place}")
 
     serve = sub.add_parser("serve", help="accept agent links and operator requests until SIGTERM/SIGINT")
     # Given after `serve` or before it: a default here would overwrite what was given before.
@@ -100,6 +106,17 @@ def add_commands(subparsers: Any) -> None:
     result.add_argument("--format", choices=("text", "json"), default="text")
     _client_options(result)
     result.set_defaults(func=cmd_result)
+
+    place = sub.add_parser("place", help="run a fleet placement policy (hccs, xpu, place) over the nodes "
+                                         "the controller holds; prints the decision as JSON",
+                           description="Exit status as `memtopo plan`: 0 decision, 1 unsatisfiable, 2 invalid "
+                                       "request or usage, 3 controller unreachable or internal error.")
+    place.add_argument("policy", choices=fleet_policies.POLICIES)
+    place.add_argument("--request", required=True, metavar="FILE",
+                       help="the JSON request (as `memtopo plan POLICY` without nodes; optional node_names, "
+                            "and allocated for hccs/xpu), or - for stdin")
+    _client_options(place)
+    place.set_defaults(func=cmd_place)
 
 
 def _positive_int(text: str) -> int:
@@ -261,6 +278,22 @@ def cmd_result(args: argparse.Namespace) -> int:
     result = _call(args, "GetNodePlanResult", apb.GetNodePlanResultRequest(node_name=args.node,
                                                                             plan_id=args.plan_id))
     return _emit_result(result, args.format, None)
+
+
+def cmd_place(args: argparse.Namespace) -> int:
+    def produce() -> dict[str, Any]:
+        # Decoded here first: a file that is not JSON is the caller's to fix, without a round trip.
+        body = plan_cli.read_request(args.request)
+        try:
+            resp = _call(args, "Place", apb.FleetPlaceRequest(policy=args.policy, request_json=json.dumps(body)))
+        except _RpcFailedError as exc:
+            return plan_cli.error_document("rpc_failed", str(exc))
+        except ControllerConfigError as exc:
+            return plan_cli.error_document("usage", str(exc))
+        doc: dict[str, Any] = json.loads(resp.result_json)
+        return doc
+
+    return plan_cli.answer(produce)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

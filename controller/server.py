@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
+from planner.fleet import FleetNode, decide_json
 
 log = structlog.get_logger()
 
@@ -375,6 +377,28 @@ class ControllerAdminService(apb_grpc.ControllerAdminServicer):
                          "(resubmitting the same plan id is safe)")
         finally:
             hub.forget_waiter(node, key, fut)
+
+
+    async def Place(self, request: apb.FleetPlaceRequest, context: AdminContext) -> apb.FleetPlaceResponse:  # noqa: N802
+        fleet = self._hub.fleet
+        # Taken on the loop, so the fleet does not change under the worker; parsing and ranking
+        # thousands of topologies then runs off the loop, which keeps serving the agents' links.
+        held = [(i.node_name, i.connected, fleet.topology_bytes(i.node_name)) for i in fleet.nodes()]
+        doc = await asyncio.to_thread(_place, request.policy, request.request_json, held)
+        error = doc.get("error")
+        log.info("fleet_placed", policy=request.policy, nodes=len(held), peer=context.peer(),
+                 chosen=doc.get("chosen"), error=error["code"] if error else None)
+        return apb.FleetPlaceResponse(result_json=json.dumps(doc))
+
+
+def _place(policy: str, request_json: str, held: Sequence[tuple[str, bool, bytes | None]]) -> dict[str, Any]:
+    try:
+        nodes = [FleetNode(name, pb.MemoryTopology.FromString(payload) if payload is not None else None, connected)
+                 for name, connected, payload in held]
+        return decide_json(policy, request_json, nodes)
+    except Exception as exc:  # an answer for the operator, a traceback for the log
+        log.exception("fleet_place_failed", policy=policy)
+        return {"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc} (a bug in memtopo)"}}
 
 
 # ---- the server --------------------------------------------------------------------------------------

@@ -304,7 +304,7 @@ def _checked_capacity(node: Mapping[str, Any], available: tuple[int, ...]) -> in
     return capacity
 
 
-_REQUEST_KEYS = frozenset({"request", "nodes"})
+REQUEST_KEYS = frozenset({"request", "nodes"})
 _NODE_KEYS = frozenset({"name", "available", "capacity"})
 
 
@@ -329,7 +329,7 @@ def _parse_node(obj: Any) -> Node:
 def parse_request(obj: Any) -> Request:
     """``{"request": n, "nodes": [{"name", "available": [ids], "capacity"?}]}`` → Request."""
     body = as_object(obj)
-    reject_unknown(body, _REQUEST_KEYS, "request")
+    reject_unknown(body, REQUEST_KEYS, "request")
     n = check_request(get_int(body, "request"))
     return Request(n, get_named_nodes(body, _parse_node))
 

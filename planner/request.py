@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 from discovery.cpulist import CpuListError, parse_cpulist
 from planner.errors import PlanError
+
+# A 10,000-node fleet request is about 1 MB; far above any real request, far below memory trouble.
+MAX_REQUEST_BYTES: Final = 64 << 20
+
+
+def _no_constant(name: str) -> NoReturn:
+    # Python's json accepts NaN and Infinity; JSON does not, and a NaN would slip past range checks.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Decoded JSON, or PlanError("invalid_request") saying why it is not JSON."""
+    if len(text) > MAX_REQUEST_BYTES:
+        raise PlanError("invalid_request", f"request: larger than {MAX_REQUEST_BYTES} bytes")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise PlanError("invalid_request", f"request: not JSON: {exc}") from None
 
 
 def _bad(field: str, why: str) -> PlanError:

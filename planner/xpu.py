@@ -240,8 +240,7 @@ def _table(request: int, cross_half_fallback: bool) -> _Table:
 
 
 def _outcome(request: int, cross_half_fallback: bool, occupancy: int) -> Outcome:
-    if request not in REQUEST_SIZES:
-        raise _request_error(request)
+    check_request(request)
     return _table(request, cross_half_fallback).outcomes[occupancy]
 
 
@@ -254,8 +253,11 @@ def evaluate(request: int, occupancy: int, cross_half_fallback: bool = False) ->
 # --- request ------------------------------------------------------------------------------------
 
 
-def _request_error(n: int) -> PlanError:
-    return PlanError("invalid_request", f"request: {n} XPUs is not allowed ({_RULE})")
+def check_request(n: int) -> int:
+    """``n`` if seed 003 allows a task of that many XPUs, else PlanError naming the rule."""
+    if n not in REQUEST_SIZES:
+        raise PlanError("invalid_request", f"request: {n} XPUs is not allowed ({_RULE})")
+    return n
 
 
 class Node(NamedTuple):
@@ -288,7 +290,7 @@ def _checked_used(node: Mapping[str, Any]) -> int:
     return mask
 
 
-_REQUEST_KEYS = frozenset({"request", "nodes", "cross_half_fallback"})
+REQUEST_KEYS = frozenset({"request", "nodes", "cross_half_fallback"})
 _NODE_KEYS = frozenset({"name", "used", "occupancy"})
 
 
@@ -318,10 +320,8 @@ def parse_request(obj: Any) -> Request:
     "cross_half_fallback"?: false}`` → Request."""
     body = as_object(obj)
     # A misspelt "cross_half_fallback" must not silently leave the fallback off (or on).
-    reject_unknown(body, _REQUEST_KEYS, "request")
-    n = get_int(body, "request")
-    if n not in REQUEST_SIZES:
-        raise _request_error(n)
+    reject_unknown(body, REQUEST_KEYS, "request")
+    n = check_request(get_int(body, "request"))
     fallback = get_bool(body, "cross_half_fallback", False)
     return Request(n, get_named_nodes(body, _parse_node), fallback)
 
@@ -382,8 +382,7 @@ def rank(req: Request) -> Decision:
     names are unique, so the result is the same for any order of ``req.nodes``). Non-fitting nodes
     follow, by name.
     """
-    if req.request not in REQUEST_SIZES:
-        raise _request_error(req.request)
+    check_request(req.request)
     table, keys = _table(req.request, req.cross_half_fallback)
     nodes = req.nodes
     occupancies = [node.occupancy for node in nodes]

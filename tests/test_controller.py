@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -59,7 +60,10 @@ from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
+from planner.fleet import FleetNode
+from planner.fleet import decide as fleet_decide
 from tests.fixtures import REPO, hwloc_root
+from tests.test_planner_fleet import node, npu
 
 P = planpb.PlanResult
 SC = grpc.StatusCode
@@ -773,8 +777,6 @@ def test_cli_nodes_table_and_json(live: Background, capsys: pytest.CaptureFixtur
     assert row1.split()[:6] == ["gpu-1", "connected", "7", real_topology.fingerprint[:12], "2", "1"]
     assert row2.split()[:6] == ["gpu-2", "connected", "3", "f" * 12, "8", "0"]
     rc, out, _ = run_cli(["nodes", "--addr", live.addr, "--format", "json"], capsys)
-    import json
-
     nodes = json.loads(out)["nodes"]
     assert [(n["node_name"], n["generation"], n["connected"]) for n in nodes] == \
         [("gpu-1", "7", True), ("gpu-2", "3", True)]
@@ -882,3 +884,85 @@ def test_cli_serve_process_stops_cleanly_on_sigterm(capsys: pytest.CaptureFixtur
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+# ---- fleet placement ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def accelerator_fleet() -> Iterator[tuple[Background, list[FleetNode]]]:
+    """Two Ascend 910 x8 nodes (NPU5 busy on the second), a P800 node, and a 910 node that left."""
+    nodes = [node("910", "a910-1"), node("910", "a910-2", npu(5, running="true", processes="77")),
+             node("p800", "p800-1"), node("910", "a910-gone")]
+    bg = Background()
+    for n in nodes:
+        assert n.topology is not None
+        n.topology.generation = 1
+        bg.run(answering_agent(bg, n.name, n.topology))
+    gone = bg.agents.pop()
+    bg.run(gone.close())
+    bg.run(wait_until(lambda: not any(i.connected for i in bg.running.fleet.nodes() if i.node_name == "a910-gone")))
+    try:
+        yield bg, [*nodes[:3], FleetNode("a910-gone", nodes[3].topology, connected=False)]
+    finally:
+        bg.close()
+
+
+def place_cli(bg: Background, policy: str, request: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+              events: Events | None = None) -> tuple[int, dict[str, Any]]:
+    path = tmp_path / "request.json"
+    path.write_text(request if isinstance(request, str) else json.dumps(request))
+    rc, out, _ = run_cli(["place", policy, "--request", str(path), "--addr", bg.addr], capsys, events)
+    return rc, json.loads(out)
+
+
+@pytest.mark.parametrize(("policy", "request_obj", "chosen"), [
+    ("hccs", {"request": 4, "allocated": {"a910-1": [0]}}, ["a910-1"]),
+    ("hccs", {"request": 2, "node_names": ["a910-2", "p800-1"]}, ["a910-2"]),
+    ("xpu", {"request": 2, "allocated": {"p800-1": [4]}}, "p800-1"),
+])
+def test_cli_place_runs_the_fleet_policy_on_the_held_topologies(
+        accelerator_fleet: tuple[Background, list[FleetNode]], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        policy: str, request_obj: dict[str, Any], chosen: Any) -> None:
+    bg, nodes = accelerator_fleet
+    events: Events = []
+    rc, doc = place_cli(bg, policy, request_obj, capsys, tmp_path, events)
+    assert rc == 0 and doc["chosen"] == chosen
+    # The controller's answer is the planner's, over what the agents sent: nothing lost on the way.
+    assert doc == fleet_decide(policy, request_obj, nodes)
+    (placed,) = [e for e in events if e["event"] == "fleet_placed"]
+    assert (placed["policy"], placed["nodes"], placed["error"]) == (policy, 4, None)
+
+
+def test_cli_place_memory_placement_and_skipped_nodes(accelerator_fleet: tuple[Background, list[FleetNode]],
+                                                      capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bg, _ = accelerator_fleet
+    rc, doc = place_cli(bg, "place", {"cpus": 8, "memory_gb": 16, "workload": "cpu-heavy"}, capsys, tmp_path)
+    assert rc == 0 and doc["policy"] == "place"
+    assert {n["node"] for n in doc["nodes"]} == {"a910-1", "a910-2", "p800-1"}
+    assert doc["skipped"] == [{"name": "a910-gone", "reason": "not connected: its topology may be stale"}]
+    assert all(n["fits"] for n in doc["nodes"]) and doc["chosen"] == doc["nodes"][0]["node"]
+
+
+@pytest.mark.parametrize(("policy", "request_text", "rc", "code", "fragment"), [
+    ("hccs", '{"request": 3}', 2, "invalid_request", "request: 3"),
+    ("hccs", "{oops", 2, "invalid_request", "not JSON"),
+    ("xpu", '{"request": 1, "allocated": {"nobody": [0]}}', 2, "invalid_request", "'nobody'"),
+    # 2 pods of 8 need two whole free nodes; only a910-1 is (a910-2 runs a process on NPU5).
+    ("hccs", '{"request": 16}', 1, "unsatisfiable", "1 have them"),
+])
+def test_cli_place_errors_follow_the_plan_contract(
+        accelerator_fleet: tuple[Background, list[FleetNode]], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        policy: str, request_text: str, rc: int, code: str, fragment: str) -> None:
+    got_rc, doc = place_cli(accelerator_fleet[0], policy, request_text, capsys, tmp_path)
+    assert got_rc == rc and doc["error"]["code"] == code and fragment in doc["error"]["message"]
+
+
+def test_cli_place_against_no_controller_is_an_rpc_failure(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "r.json"
+    path.write_text('{"request": 1}')
+    rc, out, _ = run_cli(["place", "xpu", "--request", str(path), "--addr", f"127.0.0.1:{port}"], capsys)
+    doc = json.loads(out)
+    assert rc == 3 and doc["error"]["code"] == "rpc_failed" and "UNAVAILABLE" in doc["error"]["message"]

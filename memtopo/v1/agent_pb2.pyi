@@ -582,3 +582,51 @@ class GetNodePlanResultRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetNodePlanResultRequest: _TypeAlias = GetNodePlanResultRequest  # noqa: Y015
+
+@_typing.final
+class FleetPlaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """"hccs", "xpu" or "place"."""
+    request_json: _builtins.str
+    """The policy's request as `memtopo plan POLICY` takes it, without "nodes" (the fleet is the
+    controller's nodes), plus optional "node_names" and, for hccs/xpu, "allocated" ({node: [ids]}).
+    """
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        request_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "request_json", b"request_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FleetPlaceRequest: _TypeAlias = FleetPlaceRequest  # noqa: Y015
+
+@_typing.final
+class FleetPlaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    result_json: _builtins.str
+    """The decision, or {"error": {"code", "message"}} with memtopo plan's codes: a request the policy
+    refuses is an answer, not an RPC failure.
+    """
+    def __init__(
+        self,
+        *,
+        result_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result_json", b"result_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FleetPlaceResponse: _TypeAlias = FleetPlaceResponse  # noqa: Y015

@@ -384,6 +384,11 @@ class ControllerAdminStub:
                 request_serializer=memtopo_dot_v1_dot_agent__pb2.GetNodePlanResultRequest.SerializeToString,
                 response_deserializer=memtopo_dot_v1_dot_plan__pb2.PlanResult.FromString,
                 _registered_method=True)
+        self.Place = channel.unary_unary(
+                '/memtopo.v1.ControllerAdmin/Place',
+                request_serializer=memtopo_dot_v1_dot_agent__pb2.FleetPlaceRequest.SerializeToString,
+                response_deserializer=memtopo_dot_v1_dot_agent__pb2.FleetPlaceResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerAdminServicer:
@@ -416,6 +421,13 @@ class ControllerAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Place(self, request, context):
+        """Runs a fleet placement policy (hccs, xpu, place) over the nodes the controller holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -438,6 +450,11 @@ def add_ControllerAdminServicer_to_server(servicer, server):
                     servicer.GetNodePlanResult,
                     request_deserializer=memtopo_dot_v1_dot_agent__pb2.GetNodePlanResultRequest.FromString,
                     response_serializer=memtopo_dot_v1_dot_plan__pb2.PlanResult.SerializeToString,
+            ),
+            'Place': grpc.unary_unary_rpc_method_handler(
+                    servicer.Place,
+                    request_deserializer=memtopo_dot_v1_dot_agent__pb2.FleetPlaceRequest.FromString,
+                    response_serializer=memtopo_dot_v1_dot_agent__pb2.FleetPlaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -550,6 +567,33 @@ class ControllerAdmin:
             '/memtopo.v1.ControllerAdmin/GetNodePlanResult',
             memtopo_dot_v1_dot_agent__pb2.GetNodePlanResultRequest.SerializeToString,
             memtopo_dot_v1_dot_plan__pb2.PlanResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Place(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memtopo.v1.ControllerAdmin/Place',
+            memtopo_dot_v1_dot_agent__pb2.FleetPlaceRequest.SerializeToString,
+            memtopo_dot_v1_dot_agent__pb2.FleetPlaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -147,6 +147,8 @@ class ControllerAdminStub:
     SubmitPlan: _grpc.UnaryUnaryMultiCallable[_agent_pb2.SubmitPlanRequest, _plan_pb2.PlanResult]
     """Sends the plan down the node's link and waits (up to timeout_seconds) for its result."""
     GetNodePlanResult: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetNodePlanResultRequest, _plan_pb2.PlanResult]
+    Place: _grpc.UnaryUnaryMultiCallable[_agent_pb2.FleetPlaceRequest, _agent_pb2.FleetPlaceResponse]
+    """Runs a fleet placement policy (hccs, xpu, place) over the nodes the controller holds."""
 
 @_typing.type_check_only
 class ControllerAdminAsyncStub(ControllerAdminStub):
@@ -158,6 +160,8 @@ class ControllerAdminAsyncStub(ControllerAdminStub):
     SubmitPlan: _aio.UnaryUnaryMultiCallable[_agent_pb2.SubmitPlanRequest, _plan_pb2.PlanResult]  # type: ignore[assignment]
     """Sends the plan down the node's link and waits (up to timeout_seconds) for its result."""
     GetNodePlanResult: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetNodePlanResultRequest, _plan_pb2.PlanResult]  # type: ignore[assignment]
+    Place: _aio.UnaryUnaryMultiCallable[_agent_pb2.FleetPlaceRequest, _agent_pb2.FleetPlaceResponse]  # type: ignore[assignment]
+    """Runs a fleet placement policy (hccs, xpu, place) over the nodes the controller holds."""
 
 class ControllerAdminServicer(metaclass=_abc_1.ABCMeta):
     """---- operator → controller ----"""
@@ -190,5 +194,13 @@ class ControllerAdminServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.GetNodePlanResultRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_plan_pb2.PlanResult, _abc.Awaitable[_plan_pb2.PlanResult]]: ...
+
+    @_abc_1.abstractmethod
+    def Place(
+        self,
+        request: _agent_pb2.FleetPlaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.FleetPlaceResponse, _abc.Awaitable[_agent_pb2.FleetPlaceResponse]]:
+        """Runs a fleet placement policy (hccs, xpu, place) over the nodes the controller holds."""
 
 def add_ControllerAdminServicer_to_server(servicer: ControllerAdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
