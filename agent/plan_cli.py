@@ -4,6 +4,7 @@
                              [--pid PID [--npu N] [--plan-id ID] [--emit decision|plan|both]]
     memtopo plan guest-pci   --request FILE|- [--root DIR|TARBALL]
     memtopo plan place       --request FILE|- [--root DIR|TARBALL]
+                             [--pid PID [--plan-id ID] [--emit decision|plan|both]]
     memtopo plan hccs        --request FILE|-
     memtopo plan xpu         --request FILE|-
     memtopo plan mtf OCCUPANCY
@@ -104,18 +105,18 @@ def add_commands(subparsers: Any) -> None:
 
     cb = policies.add_parser("cpu-binding", help="CPU pools and roles per running Ascend NPU (seed 000)")
     _request_and_root(cb)
-    cb.add_argument("--pid", type=int, help="also emit a BindingPlan binding this process by thread role")
+    _plan_options(cb, "binding this process by thread role")
     cb.add_argument("--npu", type=int, help="whose pool the process gets (default: the NPU that lists the pid "
                                             "among its processes, or the only running NPU)")
-    cb.add_argument("--plan-id", help="the plan's id (default: derived from the plan's content)")
-    cb.add_argument("--emit", choices=EMIT_CHOICES,
-                    help="what to print: default decision, or both ({\"decision\", \"plan\"}) with --pid; "
-                         "plan prints the bare BindingPlan for `memtopo apply -`")
     cb.set_defaults(func=cmd_plan, run=run_cpu_binding)
+
+    pl = policies.add_parser("place", help="CPUs, GPUs and memory for one allocation on the node (seed 002)")
+    _request_and_root(pl)
+    _plan_options(pl, "binding this process to the CPUs and memory chosen")
+    pl.set_defaults(func=cmd_plan, run=run_place)
 
     for name, run, text, root in (
         ("guest-pci", run_guest_pci, "NUMA-aware guest PCIe topology for passthrough devices (seed 004)", True),
-        ("place", run_place, "CPUs, GPUs and memory for one allocation on the node (seed 002)", True),
         ("hccs", run_hccs, "rank Ascend 910 nodes for a job by HCCS ring (seed 001)", False),
         ("xpu", run_xpu, "rank Kunlunxin P800 nodes for a task by MTF (seed 003)", False),
     ):
@@ -126,6 +127,26 @@ def add_commands(subparsers: Any) -> None:
     mtf = policies.add_parser("mtf", help="MTF (minimized tasks to fill) of one Kunlunxin P800 node")
     mtf.add_argument("occupancy", help='8 characters of 0/1, the rightmost is XPU 0 ("00000011")')
     mtf.set_defaults(func=cmd_mtf)
+
+
+def _plan_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--pid", type=int, help=f"also emit a BindingPlan {what}")
+    p.add_argument("--plan-id", help="the plan's id (default: derived from the plan's content)")
+    p.add_argument("--emit", choices=EMIT_CHOICES,
+                   help="what to print: default decision, or both ({\"decision\", \"plan\"}) with --pid; "
+                        "plan prints the bare BindingPlan for `memtopo apply -`")
+
+
+def _check_plan_options(args: argparse.Namespace) -> None:
+    """Options that shape a plan make no sense without the process it binds."""
+    if args.pid is not None:
+        return
+    given = [opt for opt, value in (("--npu", getattr(args, "npu", None)), ("--plan-id", args.plan_id))
+             if value is not None]
+    if args.emit in ("plan", "both"):
+        given.append(f"--emit {args.emit}")
+    if given:
+        raise UsageError(f"{given[0]} needs --pid: there is no plan without a process to bind")
 
 
 def _request_and_root(p: argparse.ArgumentParser, root: bool = True) -> None:
@@ -247,12 +268,7 @@ class PlanOutput:
 
 
 def run_cpu_binding(args: argparse.Namespace, obj: Any) -> PlanOutput:
-    if args.pid is None:
-        given = [opt for opt, value in (("--npu", args.npu), ("--plan-id", args.plan_id)) if value is not None]
-        if args.emit in ("plan", "both"):
-            given.append(f"--emit {args.emit}")
-        if given:
-            raise UsageError(f"{given[0]} needs --pid: there is no plan without a process to bind")
+    _check_plan_options(args)
     body = as_object(obj)
     # cpu_binding.parse_request ignores keys it does not know; a misspelt fact must not be dropped.
     reject_unknown(body, CPU_BINDING_KEYS, "request")
@@ -309,17 +325,18 @@ def _cpu_binding_plan(args: argparse.Namespace, decision: cpu_binding.CpuBinding
         topology_fingerprint=facts.topology.fingerprint if facts is not None else "",
     )
     if args.plan_id is None:
-        plan.plan_id = default_plan_id(plan, pid, npu)
+        plan.plan_id = default_plan_id(plan, f"pid{pid}-npu{npu}")
     return plan
 
 
-def default_plan_id(plan: planpb.BindingPlan, pid: int, npu: int) -> str:
-    """``<policy>-pid<P>-npu<N>-<12 hex of the content>``: planning the same thing again gives the same
-    id, which apply answers from its store; a different plan gets a different id instead of a clash."""
+def default_plan_id(plan: planpb.BindingPlan, subject: str) -> str:
+    """``<policy>-<subject>-<12 hex of the content>`` (subject ``pid<P>-npu<N>``, ``pid<P>``):
+    planning the same thing again gives the same id, which apply answers from its store; a different
+    plan gets a different id instead of a clash."""
     anonymous = planpb.BindingPlan()
     anonymous.CopyFrom(plan)
     anonymous.plan_id = ""
-    return f"{plan.policy}-pid{pid}-npu{npu}-{plan_hash(anonymous)[:12]}"
+    return f"{plan.policy}-{subject}-{plan_hash(anonymous)[:12]}"
 
 
 def fill_guest_pci(body: Mapping[str, Any], facts: Facts) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -376,6 +393,7 @@ def parse_topology(obj: Any) -> pb.MemoryTopology:
 
 
 def run_place(args: argparse.Namespace, obj: Any) -> PlanOutput:
+    _check_plan_options(args)
     body = dict(as_object(obj))
     inline = body.pop("topology", None)
     # Parsed before discovery: a bad request is refused without waiting for the host.
@@ -388,10 +406,17 @@ def run_place(args: argparse.Namespace, obj: Any) -> PlanOutput:
     else:
         facts = discover_facts(args.root)
         topo = facts.topology
-    doc = place.decide(req, topo).to_json()
+    decision = place.decide(req, topo)
+    doc = decision.to_json()
     if facts is not None:
         doc["facts"] = facts.to_json(["topology"])
-    return PlanOutput(doc)
+    plan = None
+    if args.pid is not None:
+        plan = place.to_binding_plan(decision, topo, args.pid,
+                                     plan_id=args.plan_id if args.plan_id is not None else "pending")
+        if args.plan_id is None:
+            plan.plan_id = default_plan_id(plan, f"pid{args.pid}")
+    return PlanOutput(doc, plan)
 
 
 def run_hccs(args: argparse.Namespace, obj: Any) -> PlanOutput:

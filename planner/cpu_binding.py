@@ -22,7 +22,15 @@ from discovery.cpulist import format_cpulist
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from planner.errors import PlanError
-from planner.request import as_object, get_cpulist, get_cpulist_map, get_int, get_int_list, get_str
+from planner.request import (
+    as_object,
+    check_plan_target,
+    get_cpulist,
+    get_cpulist_map,
+    get_int,
+    get_int_list,
+    get_str,
+)
 
 POLICY: Final = "cpu-binding"
 Mode = Literal["global_slice", "topo_affinity"]
@@ -441,10 +449,7 @@ def to_binding_plan(
     host has a single NPU, since the names are the same for every chip and a pattern would move
     every NPU's IRQs.
     """
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        raise PlanError("invalid_request", f"pid: expected a positive integer, got {pid!r}")
-    if not plan_id:
-        raise PlanError("invalid_request", "plan_id: must not be empty")
+    check_plan_target(pid, plan_id)
     roles = thread_roles or ThreadRoles()
     for name, pattern in (("acl", roles.acl), ("release", roles.release)):
         try:

@@ -27,9 +27,10 @@ from typing import Any
 
 from discovery.accelerators import pair_links
 from discovery.cpulist import format_cpulist
+from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from planner.errors import PlanError
-from planner.request import as_object, get_bool, get_int, get_str, reject_unknown
+from planner.request import as_object, check_plan_target, get_bool, get_int, get_str, reject_unknown
 
 POLICY = "place"
 GIB = 1 << 30
@@ -635,6 +636,58 @@ def decide(req: PlaceRequest, topo: pb.MemoryTopology, *, name: str | None = Non
         memory_locality_fitness=locality,
         intra_node_fitness=req.beta * link + (1 - req.beta) * locality,
     )
+
+
+# ---- binding plan ---------------------------------------------------------------------------------
+def to_binding_plan(decision: PlaceDecision, topo: pb.MemoryTopology, pid: int, *, plan_id: str,
+                    ) -> planpb.BindingPlan:
+    """Bind running process ``pid`` to the decision: every thread on its CPUs (required), then its
+    memory as far as a running process allows (apply/validate.py: only bind can be imposed from
+    outside, through the cpuset's mems):
+
+    * ``bind``: MODE_BIND on the planned nodes with migrate_existing (required); on a Unified
+      domain only because the request named the policy (seed 002), so apply_on_unified follows it.
+    * ``local`` / ``preferred``: the pages already placed move to the allocation's own nodes (the
+      preferred node) once (optional); new pages follow the CPUs (local) or the kernel's default.
+    * ``interleave``: nothing a running process can be given; the description says how to start it.
+    * ``skip`` (Unified, not explicit): no memory action.
+
+    Accelerators are chosen, not bound: a device is handed to a process by its runtime or plugin.
+    """
+    check_plan_target(pid, plan_id)
+    policy = decision.memory_policy
+    actions = [planpb.PlanAction(
+        id="place-cpus", required=True,
+        thread_affinity=planpb.ThreadAffinity(pid=pid, threads=planpb.ThreadSelector(all=True),
+                                              cpus=decision.cpus, role="place"))]
+    notes: list[str] = []
+    launch = " ".join(["memtopo exec", f"--cpus {format_cpulist(decision.cpus)}", *policy.numactl, "-- COMMAND"])
+    if policy.mode == "bind":
+        actions.append(planpb.PlanAction(
+            id="place-membind", required=True,
+            memory_policy=planpb.MemoryPolicy(pid=pid, mode=planpb.MemoryPolicy.MODE_BIND, nodes=policy.nodes,
+                                              migrate_existing=True, apply_on_unified=policy.explicit)))
+    elif policy.mode in ("local", "preferred"):
+        targets = set(policy.nodes if policy.mode == "preferred" else decision.memory_nodes)
+        away = sorted(n.id for n in topo.numa_nodes if n.memory_bytes > 0 and n.id not in targets)
+        if targets and away:
+            actions.append(planpb.PlanAction(
+                id="place-migrate", required=False,
+                page_migration=planpb.PageMigration(pid=pid, from_nodes=away, to_nodes=sorted(targets))))
+        else:
+            notes.append("no page migration: no other node holds memory")
+        if policy.mode == "preferred":
+            notes.append(f"preferred cannot be set on a running process: its pages move once; to keep new ones "
+                         f"there, start it with `{launch}`")
+    elif policy.mode == "interleave":
+        notes.append(f"interleave cannot be imposed on a running process: start it with `{launch}`")
+    else:
+        notes.append(f"no memory policy: {policy.reason}")
+    gpus = f", GPUs {','.join(decision.gpu_ids)}" if decision.gpu_ids else ""
+    desc = (f"{POLICY}: pid {pid} on CPUs {format_cpulist(decision.cpus)}{gpus}, memory {policy.mode}"
+            f"{' on ' + format_cpulist(policy.nodes) if policy.nodes else ''}")
+    return planpb.BindingPlan(plan_id=plan_id, policy=POLICY, description="; ".join([desc, *notes]),
+                              actions=actions, topology_fingerprint=topo.fingerprint)
 
 
 # ---- fleet ----------------------------------------------------------------------------------------

@@ -165,3 +165,12 @@ def get_named_nodes[N: _Named](obj: Mapping[str, Any], parse_node: Callable[[Any
         names.add(node.name)
         nodes.append(node)
     return tuple(nodes)
+
+
+def check_plan_target(pid: Any, plan_id: str) -> int:
+    """The process a BindingPlan binds and its id, checked the same way for every policy."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise PlanError("invalid_request", f"pid: expected a positive integer, got {pid!r}")
+    if not plan_id:
+        raise PlanError("invalid_request", "plan_id: must not be empty")
+    return pid

@@ -24,6 +24,7 @@ import agent.cli
 from agent import plan_cli
 from apply.planio import load_plan
 from discovery.capture import open_root
+from discovery.cpulist import parse_cpulist
 from discovery.discover import discover
 from discovery.source import ProbeContext
 from memtopo.v1 import plan_pb2 as planpb
@@ -472,6 +473,26 @@ def test_place_reads_the_root() -> None:
                   json.dumps({"cpus": 4, "gpus": 1}))
     assert rc == 0 and doc["node"] == "gh200" and doc["facts"]["filled"] == ["topology"]
     assert doc["memory_policy"]["mode"] == "skip"
+
+
+@pytest.mark.usefixtures("no_discovery")
+def test_place_pid_plan_from_an_inline_topology(a3_topology: pb.MemoryTopology) -> None:
+    topo = topology_json(a3_topology)  # 8 DRAM nodes: local memory, pages move home from the other 7
+    rc, doc = plan("place", {"cpus": 8, "memory_gb": 16, "topology": topo}, "--pid", "4242", "--emit", "both")
+    assert rc == 0 and set(doc) == {"decision", "plan"}
+    p = doc["plan"]
+    assert p["plan_id"].startswith("place-pid4242-") and p["topology_fingerprint"] == a3_topology.fingerprint
+    acts = {a["id"]: a for a in p["actions"]}
+    assert acts["place-cpus"]["thread_affinity"]["cpus"] == list(parse_cpulist(doc["decision"]["cpus"]))
+    home = parse_cpulist(doc["decision"]["memory"]["nodes"])
+    assert acts["place-migrate"]["page_migration"]["to_nodes"] == list(home)
+    assert sorted(acts["place-migrate"]["page_migration"]["from_nodes"] + list(home)) == list(range(8))
+    rc, again = plan("place", {"cpus": 8, "memory_gb": 16, "topology": topo}, "--pid", "4242", "--emit", "plan")
+    assert rc == 0 and again == p
+    rc, named = plan("place", {"cpus": 8, "topology": topo}, "--pid", "4242", "--emit", "plan", "--plan-id", "j1")
+    assert rc == 0 and named["plan_id"] == "j1"
+    rc, doc = plan("place", {"cpus": 8, "topology": topo}, "--plan-id", "j1")
+    assert rc == 2 and error_of(doc) == ("usage", "--plan-id needs --pid: there is no plan without a process to bind")
 
 
 @pytest.mark.usefixtures("no_discovery")

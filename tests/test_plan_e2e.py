@@ -250,3 +250,36 @@ def test_apply_on_another_host_refuses_the_plan(monkeypatch: pytest.MonkeyPatch,
     result = json.loads(out)
     assert rc == 1 and result["state"] == "STATE_REJECTED"
     assert any("re-plan" in r and a3.topology.fingerprint[:16] in r for r in result["rejections"])
+
+
+# ---- place --pid on this host -------------------------------------------------------------------------
+def test_place_plan_of_a_real_process_dry_runs_on_this_host(monkeypatch: pytest.MonkeyPatch, child: Child,
+                                                            tmp_path: Path) -> None:
+    """Discovery of the live host → ``plan place --pid`` → ``apply --dry-run``: no topology is swapped
+    in, so the plan's fingerprint must match what apply discovers, and the diff is every thread of the
+    child moving to the CPU the decision chose."""
+    rc, text = memtopo_main(monkeypatch, ["plan", "place", "--request", "-", "--pid", str(child.pid),
+                                          "--emit", "both"], '{"cpus": 1}')
+    assert rc == 0, text
+    doc = json.loads(text)
+    decision, plan = doc["decision"], load_plan(json.dumps(doc["plan"]))
+    assert plan.plan_id.startswith(f"place-pid{child.pid}-") and plan.policy == "place"
+    assert plan.topology_fingerprint == decision["facts"]["fingerprint"] and decision["facts"]["source"] == "live host"
+    assert plan.actions[0].id == "place-cpus" and format_cpulist(plan.actions[0].thread_affinity.cpus) == \
+        decision["cpus"]
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(doc["plan"]))
+    before = {tid: os.sched_getaffinity(tid) for tid in child.tids.values()}
+    rc, text = memtopo_main(monkeypatch, ["apply", str(plan_file), "--dry-run", "--state-dir",
+                                          str(tmp_path / "state"), "--format", "json"])
+    result = json.loads(text)
+    assert rc == 0 and result["state"] == "STATE_DRY_RUN", text
+    cpus = results(result)["place-cpus"]
+    now = format_cpulist(os.sched_getaffinity(child.pid))
+    comm = child.comm
+    # Every thread at once: apply summarises them rather than naming each.
+    threads = f"{len(child.tids)} threads [tid {format_cpulist(child.tids.values())}]"
+    assert cpus["before"] == [f"pid {child.pid} ({comm}) {threads}: cpus {now}"]
+    assert cpus["after"] == [f"pid {child.pid} ({comm}) {threads}: cpus {decision['cpus']}"]
+    assert cpus["status"] == ("STATUS_UNCHANGED" if now == decision["cpus"] else "STATUS_WOULD_CHANGE")
+    assert {tid: os.sched_getaffinity(tid) for tid in child.tids.values()} == before  # a dry run changes nothing

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from planner.errors import PlanError
-from planner.place import ConstraintError, PlaceRequest, decide, parse_request, rank_nodes
+from planner.place import ConstraintError, PlaceRequest, decide, parse_request, rank_nodes, to_binding_plan
 
 GIB = 1 << 30
 DRAM = pb.MemoryDomainType.MEMORY_DOMAIN_TYPE_DRAM
@@ -446,3 +447,56 @@ def test_placement_properties(topo: pb.MemoryTopology, r: PlaceRequest) -> None:
     assert d.to_json() == decide(r, topo).to_json()
     fleet = rank_nodes(r, [topo, topo])
     assert len(fleet.ranked) == 2 and fleet.ranked[0].to_json() == fleet.ranked[1].to_json() == d.to_json()
+
+
+# ---- to_binding_plan --------------------------------------------------------------------------------
+def _actions(plan: planpb.BindingPlan) -> dict[str, planpb.PlanAction]:
+    return {a.id: a for a in plan.actions}
+
+
+def test_plan_binds_threads_and_moves_pages_home_under_local() -> None:
+    t = dual_socket_cxl()
+    t.fingerprint = "fp-ds"
+    plan = to_binding_plan(decide(req(cpus=4, gpus=1, memory_gb=64), t), t, 4242, plan_id="p1")
+    assert (plan.plan_id, plan.policy, plan.topology_fingerprint) == ("p1", "place", "fp-ds")
+    acts = _actions(plan)
+    assert list(acts) == ["place-cpus", "place-migrate"]
+    cpus = acts["place-cpus"].thread_affinity
+    assert acts["place-cpus"].required and cpus.pid == 4242 and cpus.threads.all and list(cpus.cpus) == [16, 17, 18, 19]
+    move = acts["place-migrate"]
+    assert not move.required and (list(move.page_migration.from_nodes), list(move.page_migration.to_nodes)) == \
+        ([0, 2], [1])
+    assert plan.description.startswith("place: pid 4242 on CPUs 16-19, GPUs GPU2, memory local")
+
+
+def test_plan_bind_is_required_with_migration_and_follows_explicit_on_unified() -> None:
+    spill = to_binding_plan(decide(req(cpus=4, gpus=1, memory_gb=300), dual_socket_cxl()), dual_socket_cxl(), 7,
+                            plan_id="p")
+    mp = _actions(spill)["place-membind"]
+    assert mp.required and mp.memory_policy.mode == planpb.MemoryPolicy.MODE_BIND
+    assert list(mp.memory_policy.nodes) == [0, 1] and mp.memory_policy.migrate_existing
+    assert not mp.memory_policy.apply_on_unified  # chosen by the planner, not asked for
+    asked = to_binding_plan(decide(req(cpus=8, memory_gb=64, memory_policy="bind"), gh200()), gh200(), 7, plan_id="p")
+    assert _actions(asked)["place-membind"].memory_policy.apply_on_unified
+
+
+def test_plan_leaves_memory_alone_where_a_running_process_cannot_be_changed() -> None:
+    t = dual_socket_cxl()
+    inter = to_binding_plan(decide(req(cpus=4, gpus=1, memory_gb=64, memory_policy="interleave"), t), t, 9,
+                            plan_id="p")
+    assert list(_actions(inter)) == ["place-cpus"]
+    assert "interleave cannot be imposed on a running process: start it with " \
+           "`memtopo exec --cpus 16-19 --interleave=0-1 -- COMMAND`" in inter.description
+    pref = to_binding_plan(decide(req(cpus=4, gpus=1, memory_gb=64, memory_policy="preferred"), t), t, 9,
+                           plan_id="p")
+    move = _actions(pref)["place-migrate"].page_migration
+    assert (list(move.from_nodes), list(move.to_nodes)) == ([0, 2], [1]) and "--preferred=1" in pref.description
+    skip = to_binding_plan(decide(req(cpus=24, gpus=1, memory_gb=128), gh200()), gh200(), 9, plan_id="p")
+    assert list(_actions(skip)) == ["place-cpus"] and "no memory policy: Unified memory" in skip.description
+
+
+@pytest.mark.parametrize(("pid", "plan_id", "field"), [(0, "p", "pid"), (True, "p", "pid"), (5, "", "plan_id")])
+def test_plan_refuses_a_bad_pid_or_id(pid: Any, plan_id: str, field: str) -> None:
+    with pytest.raises(PlanError) as err:
+        to_binding_plan(decide(req(cpus=1), gh200()), gh200(), pid, plan_id=plan_id)
+    assert err.value.message.startswith(f"{field}:")
