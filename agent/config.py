@@ -51,6 +51,10 @@ class ListenConfig:
     socket_mode: int = 0o660
     # Group owning the socket (name or numeric id); its members may ApplyPlan. "" = root only.
     socket_group: str = ""
+    # A second Unix socket grpc serves directly, for clients that only read (ApplyPlan is refused
+    # on it); same mode and group as `socket`. Unset in a file: beside `socket` (read_socket_beside).
+    # "" = none.
+    read_socket: str = "/run/memtopo/agent-read.sock"
     # "host:port" (grpc's form: IPv6 in brackets), "" = no TCP listener. Needs tls_cert and tls_key.
     tcp: str = ""
     # Paths below: "" = unset.
@@ -323,11 +327,25 @@ def _node_name(t: _Table) -> str:
     return name
 
 
+def read_socket_beside(socket_path: str) -> str:
+    """The readers' socket by default: ``agent.sock`` → ``agent-read.sock`` in the same directory,
+    so every agent (and every test's agent in its own directory) gets one without a clash."""
+    if not socket_path:
+        return ""
+    stem, ext = os.path.splitext(socket_path)
+    return f"{stem}-read{ext or '.sock'}"
+
+
 def _listen(t: _Table) -> ListenConfig:
     d = ListenConfig()
     sock = t.path("socket", d.socket)
     if len(os.fsencode(sock)) > MAX_UNIX_PATH_BYTES:
         raise t.error("socket", f"longer than the {MAX_UNIX_PATH_BYTES} bytes a Unix socket path may have")
+    read_sock = t.path("read_socket", read_socket_beside(sock))
+    if len(os.fsencode(read_sock)) > MAX_UNIX_PATH_BYTES:
+        raise t.error("read_socket", f"longer than the {MAX_UNIX_PATH_BYTES} bytes a Unix socket path may have")
+    if read_sock and read_sock == sock:
+        raise t.error("read_socket", "must differ from listen.socket")
     if type(t.data.get("socket_mode")) is int:
         # TOML's 0o660 is an integer: refused so that a decimal 660 can never be taken for a mode.
         raise t.error("socket_mode", "write the mode as an octal string, like \"0660\"")
@@ -340,6 +358,7 @@ def _listen(t: _Table) -> ListenConfig:
         raise t.error("socket_group", f"{_show(group)} is not a group name or numeric id")
     tcp = t.listen_address("tcp", d.tcp)
     cfg = ListenConfig(socket=sock, socket_mode=int(mode_text, 8), socket_group=group, tcp=tcp,
+                       read_socket=read_sock,
                        tls_cert=t.path("tls_cert", d.tls_cert), tls_key=t.path("tls_key", d.tls_key),
                        tls_client_ca=t.path("tls_client_ca", d.tls_client_ca))
     _cert_pair(t, cfg.tls_cert, cfg.tls_key)

@@ -189,6 +189,9 @@ class Agent:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None)
                  if cfg.socket else transport.Front(server))
+        if cfg.read_socket:
+            # Readers skip the credential-recording relay there; ApplyPlan is refused on it.
+            front.listen_direct(server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
         if cfg.tcp:
             # Through the front too: grpc's own TLS port cannot make a client certificate optional.
             tls = transport.server_tls_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca or None)

@@ -333,6 +333,7 @@ class Front:
         self._lock_fd: int | None = None
         self._tcp_listeners: list[tuple[socket.socket, ssl.SSLContext]] = []
         self._pump: _Pump | None = None
+        self._direct: _Direct | None = None
         self._started = False
         self._stopped = False
         base = runtime_dir or tempfile.gettempdir()
@@ -395,6 +396,39 @@ class Front:
         self._unix_inode = (st.st_dev, st.st_ino)
         self.unix_path = path
 
+    def listen_direct(self, server: grpc.aio.Server, path: str, mode: int, group: str | None) -> None:
+        """A Unix socket that grpc serves itself, without the relay: for clients that only read
+        (GetTopology, WatchTopology, health), at grpc's own speed. grpc reports its peers as plain
+        ``unix:``, which is not in the front's table, so :func:`authorize_apply` refuses ApplyPlan
+        there (fails closed). Call before ``server.start()``: grpc binds it in the private directory
+        and :meth:`start` gives it ``mode`` and ``group``, then renames it to ``path``, so the public
+        name never exists with the umask's mode (and grpc, which unlinks whatever is at a Unix path
+        before binding, never touches ``path``: the lock and the staleness check guard it)."""
+        if self._started:
+            raise TransportError("listeners are added before start()")
+        if self._direct is not None:
+            raise TransportError("this front already has a direct socket")
+        if not 0 <= mode <= 0o777:
+            raise TransportError(f"socket mode {mode:#o} is not a permission mode (0-0777)")
+        gid = resolve_gid(group) if group else -1
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            _make_dirs(directory)
+        except OSError as exc:
+            raise TransportError(f"{directory}: {_reason(exc)}") from None
+        lock_fd = _lock(path + ".lock")
+        private = os.path.join(self._private_dir, "direct.sock")
+        try:
+            _remove_stale_socket(path)
+            try:
+                server.add_insecure_port(f"unix:{private}")
+            except RuntimeError as exc:
+                raise TransportError(f"{private}: grpc cannot listen: {exc}") from None
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        self._direct = _Direct(private, path, mode, gid, lock_fd)
+
     def listen_tcp(self, address: str, tls: ssl.SSLContext) -> int:
         """Bind a TLS listener on ``host:port`` (port 0 = any); returns the port."""
         if self._started:
@@ -426,11 +460,14 @@ class Front:
         """Start accepting (after ``server.start()``: the private socket must be listening)."""
         if self._started:
             raise TransportError("front already started")
-        if self._unix_listener is None and not self._tcp_listeners:
+        if self._unix_listener is None and not self._tcp_listeners and self._direct is None:
             raise TransportError("front has no listener")
         self._started = True
-        self._pump = _Pump(self._unix_listener, self._tcp_listeners, self.upstream_path, self._max)
-        self._pump.start()
+        if self._direct is not None:
+            self._direct.publish()
+        if self._unix_listener is not None or self._tcp_listeners:
+            self._pump = _Pump(self._unix_listener, self._tcp_listeners, self.upstream_path, self._max)
+            self._pump.start()
 
     async def stop(self) -> None:
         """Close the listeners and every connection; remove the socket file and private directory."""
@@ -458,7 +495,42 @@ class Front:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._direct is not None:
+            self._direct.discard()
         shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+class _Direct:
+    """The direct socket: grpc's own listener, bound privately and published by rename(2)."""
+
+    def __init__(self, private: str, public: str, mode: int, gid: int, lock_fd: int) -> None:
+        self.private = private
+        self.public = public
+        self.mode = mode
+        self.gid = gid
+        self.lock_fd: int | None = lock_fd
+        self.inode: tuple[int, int] | None = None
+
+    def publish(self) -> None:
+        try:
+            os.chown(self.private, -1, self.gid)
+            os.chmod(self.private, self.mode)
+            os.rename(self.private, self.public)  # atomic: the name appears with its final mode
+            st = os.stat(self.public)
+        except OSError as exc:
+            raise TransportError(f"{self.public}: {_reason(exc)}") from None
+        self.inode = (st.st_dev, st.st_ino)
+
+    def discard(self) -> None:
+        if self.inode is not None:
+            with contextlib.suppress(OSError):  # only our own: a successor may have replaced it
+                st = os.lstat(self.public)
+                if (st.st_dev, st.st_ino) == self.inode:
+                    os.unlink(self.public)
+            self.inode = None
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
 
 def _tls_identity(cert: Mapping[str, object] | None, addr: object) -> TlsPeer:

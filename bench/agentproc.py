@@ -131,9 +131,8 @@ class AgentSpec:
     # cProfile sits on sys.monitoring, so the front's relay thread is in it with the event loop;
     # grpc's C-core threads and Cython internals are not (they show as Context.run / epoll time).
     profile_to: Path | None = None
-    # Also listen on ``read.sock`` in the work directory: the read-only socket grpc serves without
-    # the front (``listen.read_socket``, proposed in the issue-4 benchmark report; an agent without
-    # that key refuses the config).
+    # Also listen on ``read.sock`` in the work directory: the readers' socket grpc serves without
+    # the front (``listen.read_socket``).
     read_socket: bool = False
 
     def config_text(self, workdir: Path, health_port: int) -> str:

@@ -1,13 +1,16 @@
 """GetTopology requests/s from a real agent against a bare grpc.aio server, measured in the same run.
 
 The subject is ``memtopo serve`` on hwloc's 64-NUMA-node capture (256ia64-64n2s2c: 256 IA64 CPUs in 128
-packages, the largest node count among the shared fixtures), asked over its public Unix socket, so
-each call crosses the credential-recording front, the metrics interceptor and the service. The
-baseline is a bare grpc.aio server in its own process (``--bare-server``) on a Unix socket, with a
-generic handler whose response serializer is the identity, returning the very bytes the agent
-answered (fetched from it at the start). A third target, the agent's private grpc socket behind the
-front, splits the agent's cost between the front and everything inside grpc.aio; it is a diagnosis,
-not the subject.
+packages, the largest node count among the shared fixtures), asked over its readers' Unix socket
+(``listen.read_socket``: grpc's own listener, so each call crosses the metrics interceptor and the
+service, and nothing else). The baseline is a bare grpc.aio server in its own process
+(``--bare-server``) on a Unix socket, with a generic handler whose response serializer is the
+identity, returning the very bytes the agent answered (fetched from it at the start).
+
+Two more targets are context, not judged: the agent's ``listen.socket``, where a front relays every
+byte to record the peer's SO_PEERCRED so that ApplyPlan can be authorized (the price of that, on a
+read, is the gap between the two agent rows), and (unless ``--no-direct``) the private grpc socket
+behind that front.
 
 The client is the same for every target: responses are taken as bytes (no client-side parse, which
 would cost the same on both sides and only push the ratio towards 1), and the first answer of each
@@ -23,14 +26,11 @@ Server CPU per call (utime+stime of the server process from /proc, every thread)
 a machine this small it is the steadier figure. Target: agent req/s / bare req/s >= 0.8 for both
 client shapes, judged on the median over rounds of the ratio within a round (a round's turns are seconds apart,
 so a drift in the machine's load mostly cancels out; the ratio of the two medians is printed
-beside it).
-
-``--read-socket`` adds the agent's ``listen.read_socket`` (grpc's own listener, no front; for an
-agent that has that key) as one more target. ``--profile FILE`` runs the sync client against an
-agent under cProfile instead and prints where its Python time goes.
+beside it). ``--profile FILE`` runs the sync client against an agent under cProfile instead and
+prints where its Python time goes.
 
     .venv/bin/python bench/rpc.py [--repeat N] [--seconds S] [--clients N] [--root hwloc:NAME|lab:NAME]
-                                  [--read-socket] [--no-direct] [--profile FILE]
+                                  [--no-direct] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -256,8 +256,6 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8, help="concurrent asyncio clients")
     parser.add_argument("--root", default=DEFAULT_ROOT, help="hwloc:NAME (hwloc's Linux captures) or lab:NAME")
     parser.add_argument("--no-direct", action="store_true", help="skip the agent's private socket (diagnosis)")
-    parser.add_argument("--read-socket", action="store_true",
-                        help="also measure the agent's listen.read_socket (an agent that has that key)")
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="instead of the comparison, profile the agent's loop under the sync client")
     parser.add_argument("--bare-server", nargs=2, metavar=("SOCKET", "PAYLOAD"), help=argparse.SUPPRESS)
@@ -272,13 +270,14 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="memtopo-rpc-") as tmp_name:
         tmp = Path(tmp_name)
-        with AgentProcess(AgentSpec(root=root, read_socket=args.read_socket), tmp / "agent") as agent:
+        with AgentProcess(AgentSpec(root=root, read_socket=True), tmp / "agent") as agent:
             payload = _fetch(agent.target)
             topo = pb.MemoryTopology.FromString(payload)
             with bare_server(tmp, payload) as (bare_addr, bare_pid):
-                targets = [Target("bare grpc.aio", bare_addr, bare_pid), Target("agent", agent.target, agent.pid)]
-                if args.read_socket:
-                    targets.append(Target("agent read_socket", f"unix://{agent.workdir / 'read.sock'}", agent.pid))
+                # The judged subject is second (judge/report); the relayed socket is context.
+                targets = [Target("bare grpc.aio", bare_addr, bare_pid),
+                           Target("agent read_socket", f"unix://{agent.workdir / 'read.sock'}", agent.pid),
+                           Target("agent socket", agent.target, agent.pid)]
                 if not args.no_direct:
                     targets.append(Target("agent, no front", _private_socket(agent), agent.pid))
                 run_sync(targets, payload, args.repeat, args.seconds)
@@ -298,7 +297,7 @@ def report(args: argparse.Namespace, topo: pb.MemoryTopology, payload: bytes, ta
     print(f"rpc: GetTopology on {args.root} ({len(topo.numa_nodes)} NUMA nodes, {len(topo.interconnects)} "
           f"interconnects), answer {len(payload) / 1024:.1f} KiB; {args.repeat} rounds of {args.seconds:g} s "
           "per target, order rotated")
-    print(f"{'client':<12} {'target':<16} {'req/s':>7} {'min':>6} {'max':>6} {'CPU us/call':>11} "
+    print(f"{'client':<12} {'target':<17} {'req/s':>7} {'min':>6} {'max':>6} {'CPU us/call':>11} "
           f"{'ratio':>6} {'(min-max)':>11} {'of medians':>10} {'target':>7}")
     for shape in bare.rates:
         for t in targets:
@@ -312,9 +311,11 @@ def report(args: argparse.Namespace, topo: pb.MemoryTopology, payload: bytes, ta
             if t is subject:
                 passed = statistics.median(t.paired(bare, shape)) >= TARGET_RATIO
                 verdict = f"{f'>= {TARGET_RATIO}':>7} {'PASS' if passed else 'FAIL'}"
-            print(f"{shape:<12} {t.name:<16} {t.median(shape):>7.0f} {min(rates):>6.0f} {max(rates):>6.0f} "
+            print(f"{shape:<12} {t.name:<17} {t.median(shape):>7.0f} {min(rates):>6.0f} {max(rates):>6.0f} "
                   f"{t.cpu_us_per_call(shape):>11.0f} {cells[0]:>6} {cells[1]:>11} {cells[2]:>10} {verdict}")
-    print("(req/s: median of rounds. ratio: median over rounds of target/bare within the same round, judged;\n"
+    print("(read_socket is judged: the readers' socket; 'agent socket' relays through the SO_PEERCRED front\n"
+          " that ApplyPlan needs. req/s: median of rounds. ratio: median over rounds of target/bare within the\n"
+          " same round;"
           " 'of medians' = median req/s / median bare req/s. CPU: utime+stime of the server process, all threads,\n"
           " per call over the measured rounds)")
     print("PASS" if judge(targets) else "FAIL")

@@ -35,7 +35,7 @@ DOCS = REPO / "docs" / "config.md"
 # The key list of issue 4's shared brief: the specification this module implements.
 SPEC_KEYS = {
     "node_name", "root", "state_dir",
-    "listen.socket", "listen.socket_mode", "listen.socket_group", "listen.tcp", "listen.tls_cert",
+    "listen.socket", "listen.socket_mode", "listen.socket_group", "listen.read_socket", "listen.tcp", "listen.tls_cert",
     "listen.tls_key", "listen.tls_client_ca",
     "controller.address", "controller.insecure", "controller.tls_ca", "controller.tls_cert",
     "controller.tls_key", "controller.heartbeat_seconds", "controller.backoff_initial_seconds",
@@ -223,6 +223,9 @@ REJECTED = [
     ('[listen]\nsocket_mode = "rw-rw----"', "listen.socket_mode", "not an octal mode"),
     ('[listen]\nsocket = "/' + "s" * 107 + '"', "listen.socket", "107 bytes"),
     ('[listen]\nsocket_group = "wheel group"', "listen.socket_group", "not a group name"),
+    ('[listen]\nread_socket = "/run/memtopo/agent.sock"', "listen.read_socket", "must differ"),
+    ('[listen]\nread_socket = "ro.sock"', "listen.read_socket", "not an absolute path"),
+    ('[listen]\nread_socket = "/' + "s" * 107 + '"', "listen.read_socket", "107 bytes"),
     ('[listen]\ntcp = "0.0.0.0:7443"', "listen.tcp", "needs TLS"),
     ('[listen]\ntcp = "0.0.0.0:7443"\ntls_cert = "/c"', "listen.tls_key", "go together"),
     ('[listen]\ntls_key = "/k"', "listen.tls_cert", "go together"),
@@ -416,6 +419,7 @@ _PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "state_dir": st.sampled_from(["/var/lib/memtopo", "/tmp/s"]),
     "listen.socket": st.sampled_from(["", "/run/x.sock"]), "listen.socket_mode": st.sampled_from(["0660", "600"]),
     "listen.socket_group": st.sampled_from(["", "memtopo", "1001"]), "listen.tcp": _listen_addr,
+    "listen.read_socket": st.sampled_from(["", "/run/x.sock", "/run/ro.sock"]),
     "listen.tls_cert": _paths, "listen.tls_key": _paths, "listen.tls_client_ca": _paths,
     "controller.address": st.sampled_from(["", "127.0.0.1:7000", "ctl.example.net:7000", "unix:/run/c.sock"]),
     "controller.insecure": st.booleans(), "controller.tls_ca": _paths, "controller.tls_cert": _paths,
@@ -486,3 +490,15 @@ def test_host_port_parser_never_raises_anything_else(text: str) -> None:
 
 def test_property_strategies_cover_every_key() -> None:
     assert set(_PLAUSIBLE) == SPEC_KEYS
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", "/run/memtopo/agent-read.sock"),
+    ('[listen]\nsocket = "/srv/m/api.sock"', "/srv/m/api-read.sock"),
+    ('[listen]\nsocket = "/srv/m/api"', "/srv/m/api-read.sock"),
+    ('[listen]\nsocket = "/srv/m/api.sock"\nread_socket = ""', ""),
+    ('[listen]\nsocket = "/srv/m/api.sock"\nread_socket = "/srv/ro.sock"', "/srv/ro.sock"),
+    ('[listen]\nsocket = ""\ntcp = "127.0.0.1:7443"\ntls_cert = "/c"\ntls_key = "/k"', ""),
+])
+def test_read_socket_defaults_to_beside_the_socket(text: str, expected: str) -> None:
+    assert parse_config(text, "test.toml").listen.read_socket == expected

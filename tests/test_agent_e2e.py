@@ -246,6 +246,14 @@ def test_agent_and_controller_end_to_end(tmp_path: Path) -> None:
                 topo = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=5)
             assert topo.generation == 1 and topo.node_name == "e2e-node"
             assert NEW_BDF not in {d.bdf for d in topo.pci_devices}
+            # The readers' socket (beside agent.sock by default) answers the same; it never applies,
+            # not even for root.
+            with grpc.insecure_channel(f"unix://{tmp_path / 'agent-read.sock'}") as ch:
+                assert agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=5) == topo
+                with pytest.raises(grpc.RpcError) as refused:
+                    agent.stub(ch).ApplyPlan(apb.ApplyPlanRequest(plan=pin_plan("ro", child.pid, [0]), dry_run=True),
+                                             timeout=5)
+                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
             held = wait_for(lambda: (n := controller.node()) and n.generation == 1 and n, what="controller snapshot")
             assert held.fingerprint == topo.fingerprint and held.connected
 

@@ -429,6 +429,105 @@ def test_unidentified_local_peer_cannot_apply(sockdir: str) -> None:
     asyncio.run(main())
 
 
+# ---- the direct (read-only) socket --------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving_direct(sock_path: str, direct_path: str, *, mode: int = 0o660,
+                         group: str | None = None) -> AsyncIterator[Running]:
+    probe = Probe(group)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((probe.handler(),))
+    front = transport.prepare_local(server, sock_path, mode, group)
+    try:
+        front.listen_direct(server, direct_path, mode, group)
+    except BaseException:
+        front.discard()
+        raise
+    await server.start()
+    await front.start()
+    try:
+        yield Running(server, front, probe, {})
+    finally:
+        await server.stop(None)
+        await front.stop()
+
+
+def test_direct_socket_reads_without_the_relay_and_never_applies(sockdir: str) -> None:
+    path = os.path.join(sockdir, "agent.sock")
+    direct = os.path.join(sockdir, "ro", "agent-read.sock")  # the directory is created
+    name, gid = _other_group()
+
+    async def main() -> None:
+        old = os.umask(0o077)  # the mode must not depend on the agent's umask
+        try:
+            ctx = serving_direct(path, direct, group=name)
+            running = await ctx.__aenter__()
+        finally:
+            os.umask(old)
+        try:
+            st = os.stat(direct)
+            assert stat.S_ISSOCK(st.st_mode)
+            assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == gid and st.st_uid == 0
+            assert os.listdir(os.path.dirname(running.front.upstream_path)) == ["grpc.sock"]  # moved out
+            async with grpc.aio.insecure_channel(f"unix:{direct}") as ch:
+                assert await ok(ch, "Read") == PAYLOAD
+                assert running.front.connections == 0  # grpc's own listener: nothing relayed
+                # Even root: a peer the front did not identify may read, never apply.
+                code, details = await refused(ch, "Apply")
+                assert code == "PERMISSION_DENIED" and "unidentified peer" in details
+            assert (await as_user(direct, connect_only=True))["connect"] == 13  # EACCES: the mode holds
+            member = await as_user(direct, groups=[gid], methods=("Read", "Apply"))
+            assert member["Read"] == len(PAYLOAD) and member["Apply"][0] == "PERMISSION_DENIED"
+            # The relayed socket still lets the same group member apply.
+            assert (await as_user(path, groups=[gid], methods=("Apply",)))["Apply"] == "applied"
+        finally:
+            await ctx.__aexit__(None, None, None)
+        assert not os.path.exists(direct) and not os.path.exists(path)
+
+    asyncio.run(main())
+
+
+def test_direct_socket_of_a_live_agent_is_kept_and_a_stale_one_replaced(sockdir: str) -> None:
+    path, direct = os.path.join(sockdir, "agent.sock"), os.path.join(sockdir, "agent-read.sock")
+    other_path = os.path.join(sockdir, "other.sock")
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(direct)  # left behind by an agent that died
+    dead.close()
+
+    async def main() -> None:
+        async with serving_direct(path, direct), grpc.aio.insecure_channel(f"unix:{direct}") as ch:
+            assert await ok(ch, "Read") == PAYLOAD
+            server = grpc.aio.server()
+            front = transport.prepare_local(server, other_path, 0o660, None)
+            try:
+                with pytest.raises(transport.SocketInUseError, match="lock"):
+                    front.listen_direct(server, direct, 0o660, None)
+            finally:
+                front.discard()
+            assert await ok(ch, "Read") == PAYLOAD  # the refused attempt left it alone
+
+    asyncio.run(main())
+
+
+def test_direct_socket_bad_mode_and_group_are_typed_errors(sockdir: str) -> None:
+    path, direct = os.path.join(sockdir, "agent.sock"), os.path.join(sockdir, "agent-read.sock")
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        front = transport.prepare_local(server, path, 0o660, None)
+        try:
+            with pytest.raises(transport.TransportError, match="permission mode"):
+                front.listen_direct(server, direct, 0o4755, None)
+            with pytest.raises(transport.TransportError, match="does not exist"):
+                front.listen_direct(server, direct, 0o660, "no-such-group-memtopo")
+        finally:
+            front.discard()
+        assert not os.path.exists(direct)
+
+    asyncio.run(main())
+
+
 # ---- the relay --------------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ bash tools/setup.sh
 cat >&2 <<'TXT'
 memtopo: starting the agent + reference controller (127.0.0.1:9470). In another shell:
   .venv/bin/memtopo query topology          # the topology over the agent's Unix socket
+  .venv/bin/memtopo query topology --addr unix:///run/memtopo/agent-read.sock   # the readers' socket
   .venv/bin/memtopo query watch             # snapshot, then each new generation (kill -HUP the agent to rescan)
   .venv/bin/memtopo query health            # grpc.health.v1
   .venv/bin/memtopo controller nodes        # what the controller holds
