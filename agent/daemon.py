@@ -155,11 +155,14 @@ class Agent:
             await self._discover_and_publish(ctx, reasons)
 
     def _start_udev(self) -> Any:
-        """A netlink monitor on the topology subsystems; None when udev is unusable (containers)."""
+        """A netlink monitor on the topology subsystems; None when netlink is unusable."""
         try:
             import pyudev
 
-            monitor = pyudev.Monitor.from_netlink(pyudev.Context())
+            # The kernel's own uevents, not udevd's re-broadcast: the agent rereads sysfs and needs
+            # no udev rule to have run, and hosts without udevd (containers, minimal images) get
+            # only these (a monitor on the "udev" source hears nothing there).
+            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
             for subsystem in UDEV_SUBSYSTEMS:
                 monitor.filter_by(subsystem)
             monitor.start()
@@ -239,14 +242,15 @@ class Agent:
         tasks: list[asyncio.Task[Any]] = []
         monitor = None
         with self._context() as ctx:
+            # Listening before the first discovery: a change while it runs still triggers a rescan.
+            if self.config.discovery.udev and self.config.root in ("", "/"):
+                monitor = self._start_udev()
             await self._discover_and_publish(ctx, "start")
             self._ready.discovered = self.state.current is not None
             server, front = await self._start_grpc(plans)
             self.server = server
             self._ready.listening = True
             tasks.append(asyncio.create_task(self._rescan_loop(ctx)))
-            if self.config.discovery.udev and self.config.root in ("", "/"):
-                monitor = self._start_udev()
             if self.embedded_controller is not None:
                 await self._start_embedded_controller(self.embedded_controller)
             self.link = self._start_link(plans)

@@ -81,7 +81,7 @@ def set_node_memory(root: Path, node: int, kib: int) -> None:
 
 class Agent:
     def __init__(self, tmp: Path, root: Path, controller_port: int | None, extra: str = "",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, udev: bool = False, log_level: str = "info") -> None:
         self.tmp = tmp
         self.sock = tmp / "agent.sock"
         self.health_port = free_port()
@@ -91,8 +91,8 @@ class Agent:
         self.config.write_text(
             f'node_name = "e2e-node"\nroot = "{root}"\nstate_dir = "{tmp / "state"}"\n'
             f'[listen]\nsocket = "{self.sock}"\n{extra}\n{ctl}'
-            '[discovery]\ndebounce_seconds = 0.0\nudev = false\n'
-            f'[health]\nlisten = "127.0.0.1:{self.health_port}"\n')
+            f'[discovery]\ndebounce_seconds = 0.0\nudev = {"true" if udev else "false"}\n'
+            f'[health]\nlisten = "127.0.0.1:{self.health_port}"\n[log]\nlevel = "{log_level}"\n')
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.output: list[str] = []
@@ -354,6 +354,30 @@ def _certs(tmp: Path) -> dict[str, Path]:
                 .add_extension(san, critical=False).sign(ca_key, hashes.SHA256()))
         out[f"{stem}_key"], out[f"{stem}_crt"] = write(stem, key, cert)
     return out
+
+
+def test_a_kernel_uevent_makes_the_live_agent_rescan(tmp_path: Path) -> None:
+    """The udev path itself, on this host: a "change" written to a PCI device's uevent file makes the
+    kernel send a real uevent (what udevadm trigger does); the agent's netlink monitor must turn it
+    into a rescan naming it. The topology does not change, so the rescan ends unchanged."""
+    devices = sorted(os.listdir("/sys/bus/pci/devices"))
+    if not devices or not os.access(f"/sys/bus/pci/devices/{devices[0]}/uevent", os.W_OK):
+        pytest.skip("no PCI device whose uevent this user may trigger")
+    agent = Agent(tmp_path, Path("/"), None, udev=True, log_level="debug")
+    try:
+        agent.start()
+        assert not agent.events("udev_unavailable")
+
+        def rescanned() -> bool:
+            return any("udev:pci:change" in ev.get("trigger", "")
+                       for ev in agent.events("discovery_unchanged") + agent.events("generation_published"))
+
+        # The monitor starts before readiness, so the event cannot fall before it.
+        Path(f"/sys/bus/pci/devices/{devices[0]}/uevent").write_text("change")
+        wait_for(rescanned, timeout=15, what="a rescan triggered by the uevent")
+    finally:
+        if agent.proc is not None:
+            assert agent.stop() == 0
 
 
 def test_tcp_apply_plan_needs_a_client_certificate(tmp_path: Path) -> None:
