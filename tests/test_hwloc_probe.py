@@ -703,3 +703,23 @@ def test_live_host() -> None:
     assert len(part.pus) == os.cpu_count()
     assert part.nodes[0].local_memory > 0
     assert part.version.startswith("3.")
+
+
+def test_every_loaded_topology_is_destroyed_off_the_caller_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe hands its topology to the reaper; settle() returns once all of them are freed, each
+    exactly once, on the reaper's thread (the probe's own thread goes on to assembly)."""
+    ctx = ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml")
+    hwloc.probe(ctx)  # the library's version is found once per process, on a topology of its own
+    hwloc.settle()
+    destroyed: list[str] = []
+    real = hwloc._destroy
+
+    def counting(api: object, hdl: object) -> None:
+        destroyed.append(threading.current_thread().name)
+        real(api, hdl)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hwloc, "_destroy", counting)
+    for _ in range(5):
+        assert hwloc.probe(ctx).status.state == State.OK
+    hwloc.settle()
+    assert destroyed == ["hwloc-reaper"] * 5
