@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from discovery.discover import discover
 from discovery.runner import RecordedRunner, ToolResult
@@ -187,3 +189,29 @@ def test_an_empty_fleet_is_unsatisfiable_but_a_bad_size_still_invalid() -> None:
     with pytest.raises(PlanError) as bad:
         fleet.decide("hccs", {"request": 12}, [])
     assert bad.value.code == "invalid_request"
+
+
+_HEALTH = st.sampled_from(["OK", "Warning", "Alarm", "Critical"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_HEALTH, st.booleans(), st.booleans()), min_size=8, max_size=8),
+       st.sampled_from([1, 2, 4, 8]))
+def test_hccs_never_offers_an_unhealthy_busy_or_allocated_npu(states: list[tuple[str, bool, bool]],
+                                                              size: int) -> None:
+    def edit(topo: pb.MemoryTopology) -> None:
+        for i, (health, running, _) in enumerate(states):
+            npu(i, health=health, running="true" if running else "false")(topo)
+
+    allocated = [i for i, (_, _, taken) in enumerate(states) if taken]
+    free = {i for i, (health, running, taken) in enumerate(states)
+            if health in ("OK", "Warning") and not running and not taken}
+    try:
+        doc = fleet.decide("hccs", {"request": size, "allocated": {"n": allocated}}, [node("910", "n", edit)])
+    except PlanError as exc:
+        assert exc.code == "unsatisfiable"
+        return
+    (entry,) = doc["nodes"]
+    assert set(entry["available"]) == free
+    assert entry["capacity"] == sum(h in ("OK", "Warning") for h, _, _ in states)
+    assert set(entry["npus"]) <= free and len(entry["npus"]) == size
