@@ -370,15 +370,7 @@ class Front:
             raise TransportError("listeners are added before start()")
         if self._unix_listener is not None:
             raise TransportError("this front already has a Unix socket")
-        if not 0 <= mode <= 0o777:
-            raise TransportError(f"socket mode {mode:#o} is not a permission mode (0-0777)")
-        gid = resolve_gid(group) if group else -1
-        directory = os.path.dirname(os.path.abspath(path))
-        try:
-            _make_dirs(directory)
-        except OSError as exc:
-            raise TransportError(f"{directory}: {_reason(exc)}") from None
-        self._lock_fd = _lock(path + ".lock")
+        gid, self._lock_fd = _claim_socket_path(path, mode, group)
         _remove_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -408,15 +400,7 @@ class Front:
             raise TransportError("listeners are added before start()")
         if self._direct is not None:
             raise TransportError("this front already has a direct socket")
-        if not 0 <= mode <= 0o777:
-            raise TransportError(f"socket mode {mode:#o} is not a permission mode (0-0777)")
-        gid = resolve_gid(group) if group else -1
-        directory = os.path.dirname(os.path.abspath(path))
-        try:
-            _make_dirs(directory)
-        except OSError as exc:
-            raise TransportError(f"{directory}: {_reason(exc)}") from None
-        lock_fd = _lock(path + ".lock")
+        gid, lock_fd = _claim_socket_path(path, mode, group)
         private = os.path.join(self._private_dir, "direct.sock")
         try:
             _remove_stale_socket(path)
@@ -498,6 +482,20 @@ class Front:
         if self._direct is not None:
             self._direct.discard()
         shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+def _claim_socket_path(path: str, mode: int, group: str | None) -> tuple[int, int]:
+    """Checks shared by every public socket: the mode, the group (its gid; -1 = the agent's), the
+    directory (created), and the lock that keeps a second agent off a live one's path (its fd)."""
+    if not 0 <= mode <= 0o777:
+        raise TransportError(f"socket mode {mode:#o} is not a permission mode (0-0777)")
+    gid = resolve_gid(group) if group else -1
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        _make_dirs(directory)
+    except OSError as exc:
+        raise TransportError(f"{directory}: {_reason(exc)}") from None
+    return gid, _lock(path + ".lock")
 
 
 class _Direct:

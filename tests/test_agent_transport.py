@@ -313,12 +313,8 @@ def test_socket_mode_and_group_are_applied_and_enforced(sockdir: str) -> None:
     name, gid = _other_group()
 
     async def main() -> None:
-        old = os.umask(0o077)  # the mode must not depend on the agent's umask
-        try:
-            ctx = serving(path, mode=0o660, group=name, allowed_group=name)
-            running = await ctx.__aenter__()
-        finally:
-            os.umask(old)
+        ctx = serving(path, mode=0o660, group=name, allowed_group=name)
+        running = await enter_under_umask(ctx)
         try:
             st = os.stat(path)
             assert stat.S_ISSOCK(st.st_mode)
@@ -432,6 +428,15 @@ def test_unidentified_local_peer_cannot_apply(sockdir: str) -> None:
 # ---- the direct (read-only) socket --------------------------------------------------------------------
 
 
+async def enter_under_umask(ctx: contextlib.AbstractAsyncContextManager[Running]) -> Running:
+    """Enter ``ctx`` under a umask of 077: the socket's mode must not depend on the agent's umask."""
+    old = os.umask(0o077)
+    try:
+        return await ctx.__aenter__()
+    finally:
+        os.umask(old)
+
+
 @contextlib.asynccontextmanager
 async def serving_direct(sock_path: str, direct_path: str, *, mode: int = 0o660,
                          group: str | None = None) -> AsyncIterator[Running]:
@@ -459,12 +464,8 @@ def test_direct_socket_reads_without_the_relay_and_never_applies(sockdir: str) -
     name, gid = _other_group()
 
     async def main() -> None:
-        old = os.umask(0o077)  # the mode must not depend on the agent's umask
-        try:
-            ctx = serving_direct(path, direct, group=name)
-            running = await ctx.__aenter__()
-        finally:
-            os.umask(old)
+        ctx = serving_direct(path, direct, group=name)
+        running = await enter_under_umask(ctx)
         try:
             st = os.stat(direct)
             assert stat.S_ISSOCK(st.st_mode)
