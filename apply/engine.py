@@ -4,7 +4,9 @@ One plan at a time (a lock in the process, an flock on the state directory acros
 The order for each action: read the current state and the diff (prepare), journal the previous
 values with one fsync, change, verify. Consecutive thread/IRQ affinity actions share one fsync:
 they only set per-object values, so none changes what another may do, and the later ones record as
-"previous" what the earlier ones will leave (apply/actions/base.py ``Overlay``).
+"previous" what the earlier ones will leave (apply/actions/base.py ``Overlay``). IRQ actions also
+share the fsync of a cpuset/memory-policy/migration action just before them: nothing but an IRQ
+action changes what they read.
 
 * A required action that fails restores everything done so far, in reverse, and verifies it:
   ROLLED_BACK, or FAILED when something could not be restored (the action results say what).
@@ -237,9 +239,9 @@ class Engine:
         while i < n:
             group = [i]
             first = steps[i]
-            if first is not None and first.groupable:
+            if first is not None:
                 j = i + 1
-                while j < n and (steps[j] is None or steps[j].groupable):  # type: ignore[union-attr]
+                while j < n and _joins(first, steps[j]):
                     group.append(j)
                     j += 1
             outcome = run.group(group, steps)
@@ -329,6 +331,13 @@ class Engine:
             out.append(self._restore_journal(js, stored.result if stored else None,
                                              "interrupted run rolled back by recovery"))
         return out
+
+
+def _joins(first: Step, step: Step | None) -> bool:
+    """May ``step`` share the journal fsync of the group ``first`` starts? A non-groupable step
+    (cpuset, memory policy, migration) always starts its own group: what it changes (thread masks,
+    cgroup membership) is read by the steps after it, so they are prepared once it has applied."""
+    return step is None or step.independent or (first.groupable and step.groupable)
 
 
 def _join(a: str, b: str) -> str:

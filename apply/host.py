@@ -7,8 +7,9 @@ Three parts, all replaceable in tests:
 * :class:`HostFiles`: reads and writes under a filesystem root (``/`` live, a fake tree in tests).
   Reads go through :class:`discovery.hostfs.HostFS`; writes are confined to a few prefixes (the
   cgroup mount, ``proc/irq``) and refuse ``..``, absolute paths and symlinks that leave them.
-  Subclasses override only the primitives ``_write``/``_mkdir``/``_rmdir`` to emulate a kernel
-  filesystem; the checks stay here.
+  Subclasses override only the primitives ``_write``/``_write_read``/``_mkdir``/``_rmdir`` to
+  emulate a kernel filesystem; the checks stay here (one overriding ``_write`` alone gets its
+  write-then-read as a write through it and a separate read).
 * a :class:`discovery.runner.Runner` for the one tool the engine may run (``systemctl``).
 
 :class:`Procs` reads process state (``/proc/PID/…``) through the same root.
@@ -26,10 +27,10 @@ import stat
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from apply.errors import HostWriteError, KernelCallError, PathEscapeError
-from discovery.cpulist import CpuListError, parse_cpulist
+from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
 from discovery.hostfs import HostFS, HostReadError
 from discovery.proc_allowed import ProcCgroups, parse_proc_cgroup
 from discovery.runner import Runner, SubprocessRunner
@@ -182,6 +183,27 @@ class LinuxKernel:
 
 
 # ---- files under a root ---------------------------------------------------------------------------
+class _ReadBackError(OSError):
+    """The read after a successful write failed."""
+
+
+# A kernel list attribute is one line; a read this size that comes back full is read again in full.
+_ATTR_CHUNK = 1 << 14
+
+
+@functools.lru_cache(maxsize=256)
+def cpulist(text: str) -> Ids:
+    """:func:`parse_cpulist`, remembered: an apply reads the same few lists (the CPUs of a
+    socket, every CPU) from dozens of IRQ and cgroup files. Raises CpuListError (not cached)."""
+    return parse_cpulist(text)
+
+
+@functools.lru_cache(maxsize=256)
+def cpulist_text(ids: Ids) -> str:
+    """:func:`format_cpulist` of a sorted tuple, remembered for the same reason."""
+    return format_cpulist(ids)
+
+
 def _check_rel(rel: str) -> str:
     if "\0" in rel:
         raise PathEscapeError(rel.replace("\0", "\\0"), "NUL in path")
@@ -199,6 +221,14 @@ def _inside(path: str, top: str) -> bool:
 class HostFiles:
     """Reads anywhere under the root; writes only below the writable prefixes (root-relative)."""
 
+    # False in a subclass that overrides ``_write`` (a fake kernel filesystem): write_read then
+    # writes through it and reads separately.
+    _plain_writes: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_writes = cls._write is HostFiles._write or cls._write_read is not HostFiles._write_read
+
     def __init__(self, fs: HostFS, writable: Iterable[str] = ()) -> None:
         self.fs = fs
         self._root_real = os.path.realpath(fs.root)
@@ -213,6 +243,8 @@ class HostFiles:
     def allow_writes(self, prefixes: Iterable[str]) -> None:
         """Add write prefixes (found at run time: the cgroup mount comes from the mount table)."""
         new = [_check_rel(p.strip("/")) for p in prefixes if p.strip("/")]
+        if all(p in self._writable for p in new):
+            return  # every apply re-adds the same two; their resolution stands
         self._writable = tuple(dict.fromkeys((*self._writable, *new)))
         self._writable_real = tuple(os.path.realpath(os.path.join(self._root_real, p)) for p in self._writable)
 
@@ -233,11 +265,37 @@ class HostFiles:
             raise HostReadError(rel, f"larger than {limit} bytes")
         return data.decode("utf-8", "replace")
 
+    def read_attr(self, rel: str) -> str:
+        """A one-record kernel attribute (``/proc/irq/N/*``, a cgroup or sysfs file): its show
+        routine fills the buffer in one go, so a read shorter than the buffer is all of it and the
+        read that would return 0 is saved. Anything that fills the buffer is read in full."""
+        # The string form HostFS reads through (a Path per read costs more than the read); it
+        # raises HostReadError for a path that leaves the root.
+        path = self.fs.join(rel)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise HostReadError(rel, "missing") from exc
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+        try:
+            data = os.read(fd, _ATTR_CHUNK)
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+        finally:
+            os.close(fd)
+        if len(data) >= _ATTR_CHUNK:
+            return self.fs.read_text(rel)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HostReadError(rel, "not UTF-8 text") from exc
+
     def read_ids(self, rel: str) -> Ids:
         """A kernel list file (``0-3,8``)."""
-        text = self.fs.read_text(rel)
+        text = self.read_attr(rel)
         try:
-            return parse_cpulist(text)
+            return cpulist(text)
         except CpuListError as exc:
             raise HostReadError(rel, str(exc)) from exc
 
@@ -311,6 +369,29 @@ class HostFiles:
         except OSError as exc:
             raise HostWriteError.from_os(rel, exc) from exc
 
+    def write_read(self, rel: str, text: str) -> str:
+        """Write, then read the file back: what the kernel now holds (``/proc/irq/N/*``). Through
+        the write's own descriptor when the file is the real one (a read at offset 0 of a kernel
+        attribute runs its show routine again), which saves an open and a close. The file must be
+        readable. A write error is HostWriteError; a read error HostReadError."""
+        if not self._plain_writes:
+            # A subclass emulating a kernel filesystem decides what a write does: read after it.
+            self.write(rel, text)
+            return self.read_attr(rel)
+        path = self._target(rel)
+        try:
+            data = self._write_read(path, text.encode())
+        except _ReadBackError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+        except OSError as exc:
+            raise HostWriteError.from_os(rel, exc) from exc
+        if len(data) >= _ATTR_CHUNK:
+            return self.fs.read_text(rel)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HostReadError(rel, "not UTF-8 text") from exc
+
     def mkdir(self, rel: str) -> None:
         path = self._target(rel)
         try:
@@ -331,6 +412,18 @@ class HostFiles:
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
         try:
             os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def _write_read(self, path: str, data: bytes) -> bytes:
+        # As _write, opened for reading too; a failed read is a _ReadBackError (the write held).
+        fd = os.open(path, os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            os.write(fd, data)
+            try:
+                return os.pread(fd, _ATTR_CHUNK, 0)
+            except OSError as exc:
+                raise _ReadBackError(exc.errno, exc.strerror) from exc
         finally:
             os.close(fd)
 
@@ -402,7 +495,7 @@ class Procs:
     def tids(self, pid: int) -> list[int]:
         # os.listdir directly: HostFS sorts, and this runs on processes with thousands of threads.
         try:
-            names = os.listdir(self.files.fs.path(f"proc/{pid}/task"))
+            names = os.listdir(self.files.fs.join(f"proc/{pid}/task"))
         except (OSError, HostReadError):
             return []
         try:

@@ -10,6 +10,7 @@ Layout (``<key>`` = the first 32 hex digits of SHA-256 of the plan id, so any id
 Journal records (one JSON object per line, ``t`` = type)::
 
     begin   plan_id, plan_sha256, plan (base64 of the serialized BindingPlan), pid, time
+                                                              ← written with the first undo record
     undo    i (action index), action, ops: [undo op, …]     ← fsynced before the change it guards
     done    action, status                                    ← after an action applied
     restored action                                           ← an optional action undone in place
@@ -95,13 +96,21 @@ class JournalWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Records held back until the next write (``begin``): one write(2) instead of two, and
+        # nothing a crash could lose that recovery needs (no change happens before that write).
+        self._held = b""
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise StateError(f"{path}: {exc.strerror}") from exc
 
+    def hold(self, records: Sequence[dict[str, Any]]) -> None:
+        """Write these with the next :meth:`write` (or :meth:`close`)."""
+        self._held += _encode(records)
+
     def write(self, records: Sequence[dict[str, Any]], sync: bool = False) -> None:
-        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        data = self._held + _encode(records)
+        self._held = b""
         try:
             os.write(self._fd, data)
             if sync:
@@ -116,7 +125,13 @@ class JournalWriter:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
+            if self._held:
+                os.write(self._fd, self._held)
             os.close(self._fd)
+
+
+def _encode(records: Sequence[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
 
 
 class StateStore:
@@ -164,10 +179,14 @@ class StateStore:
     def mark_open(self, plan_id: str) -> None:
         """Before a journal gets records that leave it unfinished (begin, rollback)."""
         marker = self._marker(plan_id)
-        self.ensure()
         try:
-            marker.parent.mkdir(exist_ok=True, mode=0o700)
-            marker.touch()
+            try:
+                fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:  # the first plan of this state directory
+                self.ensure()
+                marker.parent.mkdir(exist_ok=True, mode=0o700)
+                fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            os.close(fd)
         except OSError as exc:
             raise StateError(f"{marker}: {exc.strerror}") from exc
 
@@ -199,8 +218,8 @@ class StateStore:
     def begin(self, plan: planpb.BindingPlan, sha: str, boot_id: str = "") -> JournalWriter:
         self.mark_open(plan.plan_id)
         w = JournalWriter(self.journal_path(plan.plan_id))
-        # Not synced on its own: the first undo record's fsync covers it.
-        w.write([{"t": "begin", "plan_id": plan.plan_id, "plan_sha256": sha, "pid": os.getpid(),
+        # Not written on its own: it goes out with the first undo record, whose fsync covers it.
+        w.hold([{"t": "begin", "plan_id": plan.plan_id, "plan_sha256": sha, "pid": os.getpid(),
                   "boot_id": boot_id, "time": time.time(),
                   "plan": base64.b64encode(plan.SerializeToString()).decode()}])
         return w
@@ -221,14 +240,18 @@ class StateStore:
         can be applied again. The proto is stored serialized (proto3 JSON costs more than the
         rest of a plan); ``state`` and ``message`` beside it are for people reading the directory.
         """
-        self.ensure()
         path = self.result_path(plan_id)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         body = json.dumps({"plan_id": plan_id, "plan_sha256": sha, "state": planpb.PlanResult.State.Name(result.state),
                            "message": result.message,
                            "result": base64.b64encode(result.SerializeToString()).decode()})
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(tmp, flags, 0o600)
+            except FileNotFoundError:  # the state directory is made on first use
+                self.ensure()
+                fd = os.open(tmp, flags, 0o600)
             try:
                 os.write(fd, body.encode())
             finally:

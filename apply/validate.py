@@ -153,6 +153,7 @@ class Validator:
         self.skips: dict[str, str] = {}
         self.targets: dict[str, Target] = {}
         self._interrupts: dict[int, irqs.IrqLine] | None = None
+        self._cpus_ok: dict[tuple[int, ...], Ids] = {}
 
     # ---- shared ------------------------------------------------------------------------------------
     @property
@@ -230,6 +231,18 @@ class Validator:
 
     # ---- value checks ------------------------------------------------------------------------------
     def _cpus(self, aid: str, cpus: Sequence[int], name: str = "cpus", allow_empty: bool = False) -> Ids | None:
+        # Plans repeat one CPU list over many actions (an IRQ action per vector): a list that
+        # passed once passes again, the facts being fixed for this validation.
+        key = tuple(cpus)
+        ok = self._cpus_ok.get(key)
+        if ok is not None:
+            return ok
+        checked = self._check_cpus(aid, cpus, name, allow_empty)
+        if checked:
+            self._cpus_ok[key] = checked
+        return checked
+
+    def _check_cpus(self, aid: str, cpus: Sequence[int], name: str, allow_empty: bool) -> Ids | None:
         if len(cpus) > self.config.max_ids:
             self.reject(aid, f"{name}: {len(cpus)} entries, more than any machine's {self.config.max_ids} CPUs")
             return None
@@ -527,6 +540,10 @@ class Validator:
                 self.reject(aid, f"irq: {ia.irq} is not an IRQ number")
                 return
             if cpus is None:
+                return
+            # Its affinity file writable proves the IRQ exists: one system call in the common case.
+            if files.writable_by_us(irqs.affinity_file(ia.irq)):
+                self.targets[aid] = IrqTarget((ia.irq,), f"IRQ {ia.irq}", cpus, names)
                 return
             if not irqs.exists(files, ia.irq):
                 self.host_problem(action, f"IRQ {ia.irq} does not exist (no /proc/irq/{ia.irq})")

@@ -49,9 +49,9 @@ class HostFS:
 
     def path(self, rel: str) -> Path:
         """The absolute path of ``rel`` under the root, refusing ``..`` components."""
-        return Path(self._join(rel))
+        return Path(self.join(rel))
 
-    def _join(self, rel: str) -> str:
+    def join(self, rel: str) -> str:
         # Plain strings, not pathlib: discovery makes thousands of these per run.
         rel = rel.lstrip("/")
         if ".." in rel and ".." in rel.split("/"):
@@ -60,20 +60,20 @@ class HostFS:
 
     def exists(self, rel: str) -> bool:
         try:
-            return os.path.exists(self._join(rel))
+            return os.path.exists(self.join(rel))
         except (HostReadError, OSError):
             return False
 
     def is_dir(self, rel: str) -> bool:
         try:
-            return os.path.isdir(self._join(rel))
+            return os.path.isdir(self.join(rel))
         except (HostReadError, OSError):
             return False
 
     def listdir(self, rel: str) -> list[str]:
         """Sorted entries of a directory; a missing directory is an empty list, not an error."""
         try:
-            return sorted(os.listdir(self._join(rel)))
+            return sorted(os.listdir(self.join(rel)))
         except FileNotFoundError:
             return []
         except NotADirectoryError:
@@ -84,7 +84,7 @@ class HostFS:
     def read_text(self, rel: str) -> str:
         # os.read with a page-sized buffer: a buffered read(MAX) allocates the whole limit per call,
         # which dominated discovery on machines with thousands of attributes.
-        p = self._join(rel)
+        p = self.join(rel)
         try:
             fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
@@ -138,7 +138,7 @@ class HostFS:
     def readlink(self, rel: str) -> str:
         """A symlink's target text, unresolved (sysfs links are relative: ``../../../devices/…``)."""
         try:
-            return os.readlink(self._join(rel))
+            return os.readlink(self.join(rel))
         except FileNotFoundError as exc:
             raise HostReadError(rel, "missing") from exc
         except OSError as exc:

@@ -80,6 +80,10 @@ class Step(ABC):
     # Steps that only set per-object values (thread masks, IRQ masks) may share one journal fsync
     # with their neighbours: none changes what another may do.
     groupable: ClassVar[bool] = False
+    # Steps whose prepare reads only what no other *kind* of step changes (IRQ masks, irqbalance's
+    # bans) may also join the group a non-groupable step starts: preparing them before that step
+    # applies reads what it will leave. Same-kind effects go through the overlay as above.
+    independent: ClassVar[bool] = False
     kind: ClassVar[str] = ""
 
     def __init__(self, ctx: RunContext, action: planpb.PlanAction) -> None:

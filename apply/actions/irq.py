@@ -13,9 +13,10 @@ import errno
 from apply import irqbalance, irqs
 from apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step, ids
 from apply.errors import HostWriteError, errno_name
+from apply.host import cpulist, cpulist_text
 from apply.undo import BanUndo, FileUndo, ServiceUndo, UndoOp
 from apply.validate import IrqTarget
-from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
+from discovery.cpulist import CpuListError
 from discovery.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 
@@ -24,6 +25,9 @@ _UNMOVABLE = (errno.EIO, errno.EPERM)
 
 class IrqStep(Step):
     groupable = True
+    # Only IRQ steps write /proc/irq or irqbalance's bans, so a cpuset step before them changes
+    # nothing their prepare reads.
+    independent = True
     kind = "irq_affinity"
 
     def __init__(self, ctx: RunContext, action: planpb.PlanAction, target: IrqTarget) -> None:
@@ -35,13 +39,12 @@ class IrqStep(Step):
 
     def _ids(self, rel: str) -> tuple[int, ...]:
         try:
-            return parse_cpulist(self.host.files.read_text(rel))
+            return cpulist(self.host.files.read_attr(rel))
         except (HostReadError, CpuListError) as exc:
             raise ActionError(f"/{rel}: {exc}") from exc
 
     def prepare(self, overlay: Overlay) -> Prepared:
         t = self.target
-        want = frozenset(t.cpus)
         before: list[str] = []
         undo: list[UndoOp] = []
         changed: list[int] = []
@@ -49,16 +52,18 @@ class IrqStep(Step):
             rel = irqs.affinity_file(irq)
             predicted = overlay.get(("irq", irq))
             cur = tuple(sorted(predicted)) if predicted is not None else self._ids(rel)
+            text = cpulist_text(cur)
             # The effective affinity is read after the change (details): one file less per IRQ here.
-            before.append(f"IRQ {irq}{self._name(irq)}: affinity {ids(cur)}")
-            if frozenset(cur) != want:
+            before.append(f"IRQ {irq}{self._name(irq)}: affinity {text or 'none'}")
+            if cur != t.cpus:  # both sorted and unique: equal tuples are equal sets
                 changed.append(irq)
-                undo.append(FileUndo(rel, format_cpulist(cur), "list"))
+                undo.append(FileUndo(rel, text, "list"))
         details = {"irqs": ids(t.irqs), "selector": t.selector}
         self._changed = changed
         if changed:
             undo = self._irqbalance(details) + undo
-        after = [f"IRQ {irq}{self._name(irq)}: affinity {ids(t.cpus)}" for irq in t.irqs]
+        desired = cpulist_text(t.cpus) or "none"
+        after = [f"IRQ {irq}{self._name(irq)}: affinity {desired}" for irq in t.irqs]
         return Prepared(before, after, undo, bool(changed), details)
 
     def _irqbalance(self, details: dict[str, str]) -> list[UndoOp]:
@@ -113,19 +118,23 @@ class IrqStep(Step):
             res = self.host.runner.run(["systemctl", "stop", self._stop])
             if not res.ok:
                 details["irqbalance"] += f"; stop failed ({res.failure}): it may move these IRQs again"
-        value = format_cpulist(t.cpus)
+        value = cpulist_text(t.cpus)
         moved: list[int] = []
+        # What smp_affinity_list reads right after the write (same descriptor: one open per IRQ).
+        readback: list[str] = []
         unmovable: dict[int, str] = {}
         for irq in self._changed:
             rel = irqs.affinity_file(irq)
             try:
-                files.write(rel, value)
+                readback.append(files.write_read(rel, value))
             except HostWriteError as exc:
                 if exc.errno in _UNMOVABLE:
                     unmovable[irq] = errno_name(exc.errno)
                     continue
                 hint = " (no online CPU in the set)" if exc.errno == errno.EINVAL else ""
                 raise ActionError(f"IRQ {irq}: write {value} to /{rel}: {exc.reason}{hint}") from exc
+            except HostReadError as exc:
+                raise ActionError(f"/{rel}: {exc}") from exc
             moved.append(irq)
         if unmovable:
             details["unmovable"] = ", ".join(f"{irq} ({code})" for irq, code in unmovable.items())
@@ -135,24 +144,29 @@ class IrqStep(Step):
                                   "changed from user space")
         effective: list[str] = []
         want = set(t.cpus)
-        for irq in moved:
+        for irq, text in zip(moved, readback, strict=True):
             # An effective affinity inside the new set proves the write held; otherwise (x86 moves an
             # IRQ at its next interrupt) the requested mask must read back as written.
             try:
                 eff: tuple[int, ...] | None = files.read_ids(irqs.effective_file(irq))
             except HostReadError:
                 eff = None
-            if eff is None or not eff or not set(eff) <= want:
-                got = self._ids(irqs.affinity_file(irq))
-                if set(got) != want:
+            held = eff is not None and bool(eff) and want.issuperset(eff)
+            if not held:
+                try:
+                    got = cpulist(text)
+                except CpuListError as exc:
+                    raise ActionError(f"/{irqs.affinity_file(irq)}: {exc}") from exc
+                if got != t.cpus:
                     raise ActionError(f"IRQ {irq}: smp_affinity_list reads {ids(got)} after writing {value}")
             if eff is not None:
-                pending = "" if eff and set(eff) <= want else " (pending until its next interrupt)"
-                effective.append(f"{irq}→{ids(eff)}{pending}")
+                pending = "" if held else " (pending until its next interrupt)"
+                effective.append(f"{irq}→{cpulist_text(eff) or 'none'}{pending}")
         if effective:
             details["effective_affinity"] = ", ".join(effective)
+        desired = value or "none"
         after = [f"IRQ {irq}{self._name(irq)}: " + (f"unchanged (managed, {unmovable[irq]})" if irq in unmovable
-                                                     else f"affinity {ids(t.cpus)}") for irq in t.irqs]
+                                                     else f"affinity {desired}") for irq in t.irqs]
         return Applied(after, details)
 
     def _name(self, irq: int) -> str:

@@ -1,0 +1,262 @@
+"""The fast paths of the apply engine (issue 5) keep its contract: IRQ actions share the journal
+fsync of a cpuset action before them and are still rolled back after a crash at any point; the
+IRQ write reads back through its own descriptor (real files) or through a fake kernel's write;
+kernel attributes are read in one read(2) without losing longer files; the journal's ``begin``
+record goes out with the first undo record; validation's CPU-list cache still names every bad
+action. All on the fake machine of tests/apply_fakes.py (no hardware needed for any of this)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from apply.errors import HostWriteError
+from apply.host import HostFiles
+from apply.journal import StateStore
+from discovery.hostfs import HostFS, HostReadError
+from memtopo.v1 import plan_pb2 as planpb
+from tests.apply_fakes import ONLINE_CPUS, FakeFiles, FakeMachine, cpuset, irq, machine, plan, threads
+
+S = planpb.ActionResult
+P = planpb.PlanResult
+MOVABLE_IRQS = (24, 40, 41, 42)
+
+
+class Crash(BaseException):
+    """The process dying: nothing in the engine catches a BaseException."""
+
+
+@pytest.fixture
+def m(tmp_path: Path) -> FakeMachine:
+    return machine(tmp_path)
+
+
+@pytest.fixture
+def journal_syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(".journal.jsonl"):
+            synced.append(path)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    yield synced
+
+
+def _records(m: FakeMachine, plan_id: str) -> list[dict[str, object]]:
+    path = m.engine().store.journal_path(plan_id)
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _irq_plan(plan_id: str = "p") -> planpb.BindingPlan:
+    return plan(plan_id, threads("t", 100, [1], all=True),
+                cpuset("c", "memtopo/x", cpus=[0, 1], mems=[0], create=True),
+                *(irq(f"i{q}", [2, 3], number=q) for q in MOVABLE_IRQS))
+
+
+# ---- fsync groups ----------------------------------------------------------------------------------
+def test_irqs_share_the_fsync_of_the_cpuset_before_them(m: FakeMachine, journal_syncs: list[str]) -> None:
+    r = m.engine().apply(_irq_plan())
+    assert r.state == P.STATE_APPLIED, r
+    # threads | cpuset + 4 IRQs: two groups, two fsyncs (it was three)
+    assert len(journal_syncs) == 2
+    undo = [rec["action"] for rec in _records(m, "p") if rec["t"] == "undo"]
+    assert undo == ["t", "c", *(f"i{q}" for q in MOVABLE_IRQS)]
+    assert all(m.read(f"proc/irq/{q}/smp_affinity_list").strip() == "2-3" for q in MOVABLE_IRQS)
+
+
+def test_threads_after_a_cpuset_still_get_their_own_fsync(m: FakeMachine, journal_syncs: list[str]) -> None:
+    """A cpuset changes thread masks: a thread action after it is prepared once it has applied."""
+    p = plan("p", cpuset("c", "memtopo/x", cpus=[0, 1], mems=[0], create=True), irq("i", [2], number=24),
+             threads("t", 100, [1], all=True))
+    assert m.engine().apply(p).state == P.STATE_APPLIED
+    assert len(journal_syncs) == 2  # cpuset + IRQ | threads
+
+
+def test_irq_undo_is_durable_before_the_cpuset_changes(m: FakeMachine, journal_syncs: list[str]) -> None:
+    files = m.files
+    real_mkdir = files._mkdir
+    seen: list[list[str]] = []
+
+    def watching_mkdir(path: str) -> None:
+        seen.append([str(rec.get("action", "")) for rec in _records(m, "p") if rec["t"] == "undo"])
+        seen.append(list(journal_syncs))
+        real_mkdir(path)
+
+    files._mkdir = watching_mkdir  # type: ignore[method-assign]
+    assert m.engine().apply(_irq_plan()).state == P.STATE_APPLIED
+    undo_at_mkdir, synced_at_mkdir = seen[0], seen[1]
+    assert undo_at_mkdir == ["t", "c", *(f"i{q}" for q in MOVABLE_IRQS)]
+    assert len(synced_at_mkdir) == 2
+
+
+@pytest.mark.parametrize(("event", "action_id"), [
+    ("after_action", "c"),        # cpuset made, no IRQ moved yet (their undo is journaled)
+    ("after_action", "i40"),      # half the IRQs moved
+    ("before_action", "i24"),     # between the cpuset and the first IRQ
+])
+def test_a_crash_inside_the_cpuset_irq_group_is_rolled_back(m: FakeMachine, event: str, action_id: str) -> None:
+    start = (dict(m.kernel.masks), m.snapshot())
+
+    def hook(ev: str, action: planpb.PlanAction) -> None:
+        if ev == event and action.id == action_id:
+            raise Crash
+
+    with pytest.raises(Crash):
+        m.engine(hook=hook).apply(_irq_plan())
+    assert (dict(m.kernel.masks), m.snapshot()) != start
+    [r] = m.engine().recover()
+    assert r.state == P.STATE_ROLLED_BACK, r
+    snap = {k: v for k, v in m.snapshot().items() if not k.startswith("state")}
+    assert dict(m.kernel.masks) == start[0]
+    assert snap == {k: v for k, v in start[1].items() if not k.startswith("state")}
+
+
+def test_optional_cpuset_failing_in_the_group_re_prepares_the_irqs(m: FakeMachine) -> None:
+    m.files.fail_write("sys/fs/cgroup/cpuset/memtopo/x/cpuset.cpus", errno.EINVAL)
+    p = plan("p", cpuset("c", "memtopo/x", cpus=[0, 1], mems=[0], create=True, required=False),
+             irq("i", [2], number=24))
+    r = m.engine().apply(p)
+    assert r.state == P.STATE_APPLIED, r
+    assert [S.Status.Name(a.status) for a in r.actions] == ["STATUS_SKIPPED", "STATUS_APPLIED"]
+    assert not (m.root / "sys/fs/cgroup/cpuset/memtopo/x").exists()
+    assert m.read("proc/irq/24/smp_affinity_list").strip() == "2"
+    assert m.engine().rollback("p").state == P.STATE_ROLLED_BACK
+    assert m.read("proc/irq/24/smp_affinity_list").strip() == "0-7"
+
+
+# ---- IRQ write and read-back -------------------------------------------------------------------------
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    d = tmp_path / "root/proc/irq/24"
+    d.mkdir(parents=True)
+    (d / "smp_affinity_list").write_text("0-7\n")
+    return tmp_path / "root"
+
+
+def test_write_read_returns_what_the_file_holds_after_the_write(tree: Path) -> None:
+    files = HostFiles(HostFS.at(tree), ["proc/irq"])
+    assert files.write_read("proc/irq/24/smp_affinity_list", "3") == "3"
+    assert (tree / "proc/irq/24/smp_affinity_list").read_text() == "3"
+    with pytest.raises(HostWriteError) as exc:
+        files.write_read("proc/irq/99/smp_affinity_list", "1")  # no O_CREAT, as write
+    assert exc.value.errno == errno.ENOENT
+
+
+def test_write_read_goes_through_a_fake_kernels_write(m: FakeMachine) -> None:
+    # FakeFiles normalizes what it stores and refuses managed IRQs: write_read must see both.
+    m.files.allow_writes(["proc/irq"])
+    assert m.files.write_read("proc/irq/24/smp_affinity_list", "3,1,2") == "1-3\n"
+    with pytest.raises(HostWriteError) as exc:
+        m.files.write_read("proc/irq/36/smp_affinity_list", "1")
+    assert exc.value.errno == errno.EPERM
+
+
+class _LyingKernel(FakeFiles):
+    """smp_affinity_list reads back something else, and the effective affinity stays outside."""
+
+    def _write_read(self, path: str, data: bytes) -> bytes:
+        self._write(path, data)
+        Path(path).with_name("effective_affinity_list").write_text("7\n")
+        return b"0-7\n"
+
+
+def test_an_irq_that_does_not_read_back_as_written_fails_and_is_restored(m: FakeMachine) -> None:
+    lying = _LyingKernel(m.root)
+    lying.allow_writes(m.files.writable)
+    object.__setattr__(m.host, "files", lying)
+    r = m.engine().apply(plan("p", irq("a", [1], number=24), irq("b", [2], number=40)))
+    assert r.state == P.STATE_ROLLED_BACK, r
+    assert "smp_affinity_list reads 0-7 after writing 1" in r.actions[0].reason
+    assert m.read("proc/irq/24/smp_affinity_list").strip() == "0-7"
+
+
+def test_effective_affinity_inside_the_set_is_enough(m: FakeMachine) -> None:
+    r = m.engine().apply(plan("p", irq("a", [2, 3], number=24)))
+    assert r.state == P.STATE_APPLIED
+    # FakeFiles moves the effective affinity to the lowest CPU of the set at once
+    assert r.actions[0].details["effective_affinity"] == "24→2"
+    assert r.actions[0].before == ["IRQ 24: affinity 0-7"]
+    assert r.actions[0].after == ["IRQ 24: affinity 2-3"]
+
+
+# ---- one-read attributes ---------------------------------------------------------------------------
+def test_read_attr_reads_short_files_in_one_go_and_long_ones_in_full(tree: Path) -> None:
+    files = HostFiles(HostFS.at(tree))
+    assert files.read_attr("proc/irq/24/smp_affinity_list") == "0-7\n"
+    long = ",".join(str(n) for n in range(0, 16000, 2)) + "\n"  # > one read's buffer
+    (tree / "proc/irq/24/long").write_text(long)
+    assert files.read_attr("proc/irq/24/long") == long
+    assert files.read_ids("proc/irq/24/long") == tuple(range(0, 16000, 2))
+    with pytest.raises(HostReadError, match="missing"):
+        files.read_attr("proc/irq/25/smp_affinity_list")
+    with pytest.raises(HostReadError):
+        files.read_attr("proc/../etc/passwd")
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=300))
+def test_read_ids_on_garbage_is_a_typed_error(tree: Path, data: bytes) -> None:
+    (tree / "proc/irq/24/smp_affinity_list").write_bytes(data)
+    files = HostFiles(HostFS.at(tree))
+    try:
+        ids = files.read_ids("proc/irq/24/smp_affinity_list")
+    except HostReadError:
+        return
+    assert ids == tuple(sorted(set(ids)))
+
+
+# ---- journal ---------------------------------------------------------------------------------------
+def test_begin_goes_out_with_the_first_undo_record(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    store.ensure()
+    w = store.begin(planpb.BindingPlan(plan_id="p"), "sha")
+    path = store.journal_path("p")
+    assert path.read_text() == ""
+    # a crash here: nothing changed, and recovery finds nothing to do
+    assert store.pending() == []
+    assert not any((tmp_path / "state/pending").iterdir())
+    store.mark_open("p")
+    w.undo([(0, "a", [])])
+    assert [json.loads(x)["t"] for x in path.read_text().splitlines()] == ["begin", "undo"]
+    assert [js.plan_id for js in store.pending()] == ["p"]
+    w.close()
+
+
+def test_a_held_begin_is_written_on_close(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    w = store.begin(planpb.BindingPlan(plan_id="p"), "sha")
+    w.close()
+    st_ = store.read_journal("p")
+    assert st_ is not None and st_.plan_id == "p"
+
+
+def test_mark_open_makes_the_state_directory_on_first_use(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "a/b/state")
+    store.mark_open("p")
+    assert (tmp_path / "a/b/state/pending").is_dir()
+    assert len(list((tmp_path / "a/b/state/pending").iterdir())) == 1
+
+
+# ---- validation --------------------------------------------------------------------------------------
+def test_a_repeated_bad_cpu_list_rejects_every_action_that_has_it(m: FakeMachine) -> None:
+    bad = max(ONLINE_CPUS) + 1
+    r = m.engine().apply(plan("p", irq("a", [1], number=24), irq("b", [bad], number=40), irq("c", [bad], number=41)))
+    assert r.state == P.STATE_REJECTED
+    assert [x.split(":")[0] for x in r.rejections] == ["b", "c"]
+
+
+def test_a_missing_irq_is_still_named_as_missing(m: FakeMachine) -> None:
+    r = m.engine().apply(plan("p", irq("a", [1], number=24), irq("b", [1], number=77)))
+    assert r.state == P.STATE_REJECTED
+    assert r.rejections == ["b: IRQ 77 does not exist (no /proc/irq/77)"]
