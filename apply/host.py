@@ -284,6 +284,10 @@ class HostFiles:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
         finally:
             os.close(fd)
+        return self._attr_text(rel, data)
+
+    def _attr_text(self, rel: str, data: bytes) -> str:
+        """One read's bytes as the attribute's text; a read that filled the buffer may have more."""
         if len(data) >= _ATTR_CHUNK:
             return self.fs.read_text(rel)
         try:
@@ -385,12 +389,7 @@ class HostFiles:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
         except OSError as exc:
             raise HostWriteError.from_os(rel, exc) from exc
-        if len(data) >= _ATTR_CHUNK:
-            return self.fs.read_text(rel)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise HostReadError(rel, "not UTF-8 text") from exc
+        return self._attr_text(rel, data)
 
     def mkdir(self, rel: str) -> None:
         path = self._target(rel)
