@@ -31,7 +31,7 @@ from typing import ClassVar, Protocol
 
 from apply.errors import HostWriteError, KernelCallError, PathEscapeError
 from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from discovery.hostfs import HostFS, HostReadError
+from discovery.hostfs import RECORD_CHUNK, HostFS, HostReadError
 from discovery.proc_allowed import ProcCgroups, parse_proc_cgroup
 from discovery.runner import Runner, SubprocessRunner
 
@@ -187,10 +187,6 @@ class _ReadBackError(OSError):
     """The read after a successful write failed."""
 
 
-# A kernel list attribute is one line; a read this size that comes back full is read again in full.
-_ATTR_CHUNK = 1 << 14
-
-
 @functools.lru_cache(maxsize=256)
 def cpulist(text: str) -> Ids:
     """:func:`parse_cpulist`, remembered: an apply reads the same few lists (the CPUs of a
@@ -265,39 +261,12 @@ class HostFiles:
             raise HostReadError(rel, f"larger than {limit} bytes")
         return data.decode("utf-8", "replace")
 
-    def read_attr(self, rel: str) -> str:
-        """A one-record kernel attribute (``/proc/irq/N/*``, a cgroup or sysfs file): its show
-        routine fills the buffer in one go, so a read shorter than the buffer is all of it and the
-        read that would return 0 is saved. Anything that fills the buffer is read in full."""
-        # The string form HostFS reads through (a Path per read costs more than the read); it
-        # raises HostReadError for a path that leaves the root.
-        path = self.fs.join(rel)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as exc:
-            raise HostReadError(rel, "missing") from exc
-        except OSError as exc:
-            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
-        try:
-            data = os.read(fd, _ATTR_CHUNK)
-        except OSError as exc:
-            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
-        finally:
-            os.close(fd)
-        return self._attr_text(rel, data)
-
-    def _attr_text(self, rel: str, data: bytes) -> str:
-        """One read's bytes as the attribute's text; a read that filled the buffer may have more."""
-        if len(data) >= _ATTR_CHUNK:
-            return self.fs.read_text(rel)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise HostReadError(rel, "not UTF-8 text") from exc
+    def read_record(self, rel: str) -> str:
+        return self.fs.read_record(rel)
 
     def read_ids(self, rel: str) -> Ids:
         """A kernel list file (``0-3,8``)."""
-        text = self.read_attr(rel)
+        text = self.fs.read_record(rel)
         try:
             return cpulist(text)
         except CpuListError as exc:
@@ -381,7 +350,7 @@ class HostFiles:
         if not self._plain_writes:
             # A subclass emulating a kernel filesystem decides what a write does: read after it.
             self.write(rel, text)
-            return self.read_attr(rel)
+            return self.fs.read_record(rel)
         path = self._target(rel)
         try:
             data = self._write_read(path, text.encode())
@@ -389,7 +358,7 @@ class HostFiles:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
         except OSError as exc:
             raise HostWriteError.from_os(rel, exc) from exc
-        return self._attr_text(rel, data)
+        return self.fs.record_text(rel, data)
 
     def mkdir(self, rel: str) -> None:
         path = self._target(rel)
@@ -420,7 +389,7 @@ class HostFiles:
         try:
             os.write(fd, data)
             try:
-                return os.pread(fd, _ATTR_CHUNK, 0)
+                return os.pread(fd, RECORD_CHUNK, 0)
             except OSError as exc:
                 raise _ReadBackError(exc.errno, exc.strerror) from exc
         finally:

@@ -17,6 +17,8 @@ from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
 # sysfs attributes are one page at most; a larger file is not what we think it is.
 MAX_ATTR_BYTES = 1 << 20
 _READ_CHUNK = 1 << 16
+# A kernel list attribute is one line; a single read this size that comes back full is read again.
+RECORD_CHUNK = 1 << 14
 
 
 class HostReadError(Exception):
@@ -81,16 +83,25 @@ class HostFS:
         except OSError as exc:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
 
-    def read_text(self, rel: str) -> str:
-        # os.read with a page-sized buffer: a buffered read(MAX) allocates the whole limit per call,
-        # which dominated discovery on machines with thousands of attributes.
-        p = self.join(rel)
+    def _open(self, rel: str) -> int:
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            return os.open(self.join(rel), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise HostReadError(rel, "missing") from exc
         except OSError as exc:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+
+    @staticmethod
+    def _decode(rel: str, data: bytes) -> str:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HostReadError(rel, "not UTF-8 text") from exc
+
+    def read_text(self, rel: str) -> str:
+        # os.read with a page-sized buffer: a buffered read(MAX) allocates the whole limit per call,
+        # which dominated discovery on machines with thousands of attributes.
+        fd = self._open(rel)
         try:
             chunks = []
             total = 0
@@ -103,11 +114,24 @@ class HostFS:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
         finally:
             os.close(fd)
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return self._decode(rel, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+    def read_record(self, rel: str) -> str:
+        """A one-record kernel attribute (``/proc/irq/N/*``, a cgroup or sysfs file), unstripped, in
+        one read(2): its show routine fills the buffer at once, so a short read is all of it and the
+        read that would return 0 is saved. A read that fills the buffer is read again in full."""
+        fd = self._open(rel)
         try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise HostReadError(rel, "not UTF-8 text") from exc
+            data = os.read(fd, RECORD_CHUNK)
+        except OSError as exc:
+            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+        finally:
+            os.close(fd)
+        return self.record_text(rel, data)
+
+    def record_text(self, rel: str, data: bytes) -> str:
+        """The text of ``rel`` from one read of at most RECORD_CHUNK bytes (a full one may have more)."""
+        return self.read_text(rel) if len(data) >= RECORD_CHUNK else self._decode(rel, data)
 
     def read_attr(self, rel: str) -> str:
         """A one-value sysfs attribute, stripped (some captured trees pad files with NULs)."""

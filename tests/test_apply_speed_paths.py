@@ -191,17 +191,17 @@ def test_effective_affinity_inside_the_set_is_enough(m: FakeMachine) -> None:
 
 
 # ---- one-read attributes ---------------------------------------------------------------------------
-def test_read_attr_reads_short_files_in_one_go_and_long_ones_in_full(tree: Path) -> None:
+def test_read_record_reads_short_files_in_one_go_and_long_ones_in_full(tree: Path) -> None:
     files = HostFiles(HostFS.at(tree))
-    assert files.read_attr("proc/irq/24/smp_affinity_list") == "0-7\n"
+    assert files.read_record("proc/irq/24/smp_affinity_list") == "0-7\n"
     long = ",".join(str(n) for n in range(0, 16000, 2)) + "\n"  # > one read's buffer
     (tree / "proc/irq/24/long").write_text(long)
-    assert files.read_attr("proc/irq/24/long") == long
+    assert files.read_record("proc/irq/24/long") == long
     assert files.read_ids("proc/irq/24/long") == tuple(range(0, 16000, 2))
     with pytest.raises(HostReadError, match="missing"):
-        files.read_attr("proc/irq/25/smp_affinity_list")
+        files.read_record("proc/irq/25/smp_affinity_list")
     with pytest.raises(HostReadError):
-        files.read_attr("proc/../etc/passwd")
+        files.read_record("proc/../etc/passwd")
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -39,7 +39,7 @@ class IrqStep(Step):
 
     def _ids(self, rel: str) -> tuple[int, ...]:
         try:
-            return cpulist(self.host.files.read_attr(rel))
+            return cpulist(self.host.files.read_record(rel))
         except (HostReadError, CpuListError) as exc:
             raise ActionError(f"/{rel}: {exc}") from exc
 
