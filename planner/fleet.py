@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from memtopo.v1 import topology_pb2 as pb
 from planner import hccs, place, xpu
-from planner.errors import PlanError
+from planner.errors import PlanError, unsatisfiable
 from planner.request import as_object, get_int, get_int_list, get_list, parse_json, reject_unknown
 
 POLICIES: Final = ("hccs", "xpu", "place")
@@ -119,6 +119,8 @@ def _xpu_node(name: str, topo: pb.MemoryTopology, allocated: frozenset[int]) -> 
 
 
 _NODE_OF: Final = {"hccs": _hccs_node, "xpu": _xpu_node}
+# The device policies: each has REQUEST_KEYS, check_request, parse_request and decide.
+_MODULE: Final = {"hccs": hccs, "xpu": xpu}
 
 
 def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, Any]:
@@ -128,8 +130,8 @@ def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, A
     body = dict(as_object(request))
     if "nodes" in body:
         raise PlanError("invalid_request", "nodes: the fleet is the controller's nodes; name some with node_names")
-    if policy != "place":
-        module = hccs if policy == "hccs" else xpu
+    module = _MODULE.get(policy)
+    if module is not None:
         # Checked before any node is derived: a bad request is refused as such even on an empty fleet.
         reject_unknown(body, (module.REQUEST_KEYS - {"nodes"}) | set(FLEET_KEYS), "request")
         module.check_request(get_int(body, "request"))
@@ -156,9 +158,8 @@ def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, A
             raise _empty(policy, skipped)
         fleet = place.rank_nodes(req, [topo for _, topo in usable])
         if fleet.chosen is None:
-            shown = "; ".join(f"{r.node}: {r.constraint}: {r.reason}" for r in fleet.rejected[:5])
-            more = f" (and {len(fleet.rejected) - 5} more)" if len(fleet.rejected) > 5 else ""
-            raise PlanError("unsatisfiable", f"no node can take the allocation: {shown}{more}")
+            raise unsatisfiable("no node can take the allocation",
+                                (f"{r.node}: {r.constraint}: {r.reason}" for r in fleet.rejected), len(fleet.rejected))
         return {**fleet.to_json(), "skipped": [s.to_json() for s in skipped]}
 
     listed: list[dict[str, Any]] = []
@@ -171,8 +172,8 @@ def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, A
     body["nodes"] = listed
     if not listed:
         raise _empty(policy, skipped)
-    doc = (hccs.decide(hccs.parse_request(body)) if policy == "hccs"
-           else xpu.decide(xpu.parse_request(body))).to_json()
+    device = _MODULE[policy]  # place has returned above
+    doc = device.decide(device.parse_request(body)).to_json()
     return {**doc, "skipped": [s.to_json() for s in skipped]}
 
 
@@ -185,7 +186,7 @@ def decide_json(policy: str, request_json: str | bytes, nodes: Sequence[FleetNod
 
 
 def _empty(policy: str, skipped: Sequence[Skipped]) -> PlanError:
-    shown = "; ".join(f"{s.name}: {s.reason}" for s in skipped[:5])
-    more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
-    return PlanError("unsatisfiable", f"no node the {policy} policy can use"
-                                      + (f": {shown}{more}" if shown else ": the controller holds none"))
+    if not skipped:
+        return PlanError("unsatisfiable", f"no node the {policy} policy can use: the controller holds none")
+    return unsatisfiable(f"no node the {policy} policy can use", (f"{s.name}: {s.reason}" for s in skipped),
+                         len(skipped))

@@ -19,7 +19,7 @@ from functools import cache
 from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
-from planner.errors import PlanError
+from planner.errors import PlanError, unsatisfiable
 from planner.request import (
     as_object,
     get_int,
@@ -395,9 +395,7 @@ def _unsatisfiable(decision: Decision) -> PlanError:
         )
     else:
         head = f"no node can take {decision.request} NPUs"
-    shown = "; ".join(f"{node.name}: {fit.reason}" for node, fit in rejected[:5])
-    more = f" (and {len(rejected) - 5} more)" if len(rejected) > 5 else ""
-    return PlanError("unsatisfiable", f"{head}: {shown}{more}" if shown else head)
+    return unsatisfiable(head, (f"{node.name}: {fit.reason}" for node, fit in rejected), len(rejected))
 
 
 def decide(req: Request) -> Decision:

@@ -23,7 +23,7 @@ from functools import cache
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
-from planner.errors import PlanError
+from planner.errors import PlanError, unsatisfiable
 from planner.request import (
     as_object,
     get_bool,
@@ -409,8 +409,7 @@ def decide(req: Request) -> Decision:
     """``rank`` for one task; PlanError("unsatisfiable") naming each node's reason when no node fits."""
     decision = rank(req)
     if decision.chosen is None:
-        pairs = list(zip(decision.ranked, decision.outcomes, strict=True))
-        shown = "; ".join(f"{node.name}: {outcome.reason}" for node, outcome in pairs[:5])
-        more = f" (and {len(pairs) - 5} more)" if len(pairs) > 5 else ""
-        raise PlanError("unsatisfiable", f"no node can take {req.request} XPUs: {shown}{more}")
+        reasons = (f"{node.name}: {outcome.reason}"
+                   for node, outcome in zip(decision.ranked, decision.outcomes, strict=True))
+        raise unsatisfiable(f"no node can take {req.request} XPUs", reasons, len(decision.ranked))
     return decision
