@@ -20,6 +20,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -272,55 +273,18 @@ def _destroy(api: _Api, hdl: ctypes.c_void_p) -> None:
         api.core.topology_destroy(hdl)
 
 
-class _Reaper:
-    """Destroys loaded topologies on a thread of its own. Freeing a topology is C work that releases
-    the GIL, so it runs on the other core while assemble() builds the message from what was
-    extracted, instead of before it (about a tenth of discovery on a 1,000-object XML). hwloc
-    allows different topologies in different threads; its component registry has its own lock."""
-
-    def __init__(self) -> None:
-        self._pending: list[tuple[_Api, ctypes.c_void_p]] = []
-        self._busy = False
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def destroy(self, api: _Api, hdl: ctypes.c_void_p) -> None:
-        with self._wake:
-            self._pending.append((api, hdl))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hwloc-reaper", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-
-    def settle(self) -> None:
-        """Return once every topology handed over so far is destroyed."""
-        with self._wake:
-            while self._pending or self._busy:
-                self._wake.wait()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._pending:
-                    self._wake.wait()
-                batch, self._pending = self._pending, []
-                self._busy = True
-            try:
-                for api, hdl in batch:
-                    _destroy(api, hdl)
-            finally:
-                with self._wake:
-                    self._busy = False
-                    self._wake.notify_all()
-
-
-_REAPER = _Reaper()
+# Destroys loaded topologies on a thread of its own. Freeing a topology is C work that releases the
+# GIL, so it runs on the other core while assemble() builds the message from what was extracted,
+# instead of before it (about a tenth of discovery on a 1,000-object XML). hwloc allows different
+# topologies in different threads; its component registry has its own lock. One worker: FIFO, so
+# settle() knows everything handed over before it is done.
+_REAPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwloc-reaper")
 
 
 def settle() -> None:
     """Wait for the background destruction of the topologies loaded so far (benchmarks: the subject's
     time must include all of its work)."""
-    _REAPER.settle()
+    _REAPER.submit(lambda: None).result()
 
 
 def _new_topology(api: _Api, xml: str | None) -> ctypes.c_void_p:
@@ -826,5 +790,5 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
         status.unavailable(f"hwloc extraction failed ({src.describe()}): {type(exc).__name__}: {exc}")
         return ProbeResult(EMPTY, status.finish())
     finally:
-        _REAPER.destroy(api, hdl)
+        _REAPER.submit(_destroy, api, hdl)
     return ProbeResult(part, status.finish())

@@ -722,4 +722,4 @@ def test_every_loaded_topology_is_destroyed_off_the_caller_thread(monkeypatch: p
     for _ in range(5):
         assert hwloc.probe(ctx).status.state == State.OK
     hwloc.settle()
-    assert destroyed == ["hwloc-reaper"] * 5
+    assert destroyed == ["hwloc-reaper_0"] * 5
