@@ -317,15 +317,18 @@ def _cpu_binding_plan(args: argparse.Namespace, decision: cpu_binding.CpuBinding
                 raise PlanError("invalid_request", f"--npu: the decision covers NPUs {running} and none of them "
                                                    f"lists pid {pid} as its process: say which NPU's pool it gets")
     irq = facts.npu_irqs.get(npu) if facts is not None else None
-    plan = cpu_binding.to_binding_plan(
-        decision, req, pid,
-        plan_id=args.plan_id if args.plan_id is not None else "pending",
-        npu=npu, irqs=irq,
+    return named_plan(args.plan_id, f"pid{pid}-npu{npu}", lambda plan_id: cpu_binding.to_binding_plan(
+        decision, req, pid, plan_id=plan_id, npu=npu, irqs=irq,
         # apply then refuses the plan on a host whose topology is not the one it was made for.
         topology_fingerprint=facts.topology.fingerprint if facts is not None else "",
-    )
-    if args.plan_id is None:
-        plan.plan_id = default_plan_id(plan, f"pid{pid}-npu{npu}")
+    ))
+
+
+def named_plan(plan_id: str | None, subject: str, build: Callable[[str], planpb.BindingPlan]) -> planpb.BindingPlan:
+    """The plan ``build`` makes under ``plan_id`` (--plan-id), or else under its default id."""
+    plan = build(plan_id if plan_id is not None else "pending")  # any non-empty id: replaced below
+    if plan_id is None:
+        plan.plan_id = default_plan_id(plan, subject)
     return plan
 
 
@@ -410,12 +413,9 @@ def run_place(args: argparse.Namespace, obj: Any) -> PlanOutput:
     doc = decision.to_json()
     if facts is not None:
         doc["facts"] = facts.to_json(["topology"])
-    plan = None
-    if args.pid is not None:
-        plan = place.to_binding_plan(decision, topo, args.pid,
-                                     plan_id=args.plan_id if args.plan_id is not None else "pending")
-        if args.plan_id is None:
-            plan.plan_id = default_plan_id(plan, f"pid{args.pid}")
+    pid: int | None = args.pid
+    plan = None if pid is None else named_plan(
+        args.plan_id, f"pid{pid}", lambda plan_id: place.to_binding_plan(decision, topo, pid, plan_id=plan_id))
     return PlanOutput(doc, plan)
 
 
