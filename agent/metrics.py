@@ -366,50 +366,43 @@ class _MetricsInterceptor(grpc.aio.ServerInterceptor):
 # grpc.aio picks how to drive a behaviour by its kind (coroutine function, async generator function,
 # plain function run in the migration thread pool), so each wrapper must be of the same kind.
 
+@contextlib.contextmanager
+def _measured(rec: _MethodMetrics, context: Any) -> Iterator[None]:
+    """One call's count and latency, with the status it ended with (the exception it raised, if any)."""
+    start = rec.started()
+    exc: BaseException | None = None
+    try:
+        yield
+    except BaseException as e:
+        exc = e
+        raise
+    finally:
+        rec.finished(start, _final_code(context, exc))
+
+
 def _wrap_unary_response(behavior: _Behavior, rec: _MethodMetrics) -> _Behavior:
     if inspect.iscoroutinefunction(behavior):
         async def unary_async(request: Any, context: _Context) -> Any:
-            start = rec.started()
-            exc: BaseException | None = None
-            try:
+            with _measured(rec, context):
                 return await behavior(request, context)
-            except BaseException as e:
-                exc = e
-                raise
-            finally:
-                rec.finished(start, _final_code(context, exc))
         return unary_async
 
     def unary_sync(request: Any, context: _Context) -> Any:
-        start = rec.started()
         seen = _SyncContext(context)
-        exc: BaseException | None = None
-        try:
+        with _measured(rec, seen):
             return behavior(request, seen)
-        except BaseException as e:
-            exc = e
-            raise
-        finally:
-            rec.finished(start, _final_code(seen, exc))
     return unary_sync
 
 
 def _wrap_stream_response(behavior: _Behavior, rec: _MethodMetrics) -> _Behavior:
     if inspect.isasyncgenfunction(behavior):
         async def stream_asyncgen(request: Any, context: _Context) -> AsyncIterator[Any]:
-            start = rec.started()
-            exc: BaseException | None = None
-            try:
-                # aclosing: when the call ends early (client gone) the inner generator's own cleanup
-                # must run now, not whenever the garbage collector finds it.
+            # aclosing: when the call ends early (client gone) the inner generator's own cleanup
+            # must run now, not whenever the garbage collector finds it.
+            with _measured(rec, context):
                 async with contextlib.aclosing(behavior(request, context)) as inner:
                     async for item in inner:
                         yield item
-            except BaseException as e:
-                exc = e
-                raise
-            finally:
-                rec.finished(start, _final_code(context, exc))
         return stream_asyncgen
 
     if inspect.iscoroutinefunction(behavior):
@@ -417,14 +410,7 @@ def _wrap_stream_response(behavior: _Behavior, rec: _MethodMetrics) -> _Behavior
         return _wrap_unary_response(behavior, rec)
 
     def stream_sync(request: Any, context: _Context) -> Iterator[Any]:
-        start = rec.started()
         seen = _SyncContext(context)
-        exc: BaseException | None = None
-        try:
+        with _measured(rec, seen):
             yield from behavior(request, seen)
-        except BaseException as e:
-            exc = e
-            raise
-        finally:
-            rec.finished(start, _final_code(seen, exc))
     return stream_sync
