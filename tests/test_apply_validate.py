@@ -27,6 +27,7 @@ from tests.apply_fakes import (
     plan,
     threads,
 )
+from tests.strategies import json_like
 
 P = planpb.PlanResult
 MP = planpb.MemoryPolicy
@@ -241,13 +242,11 @@ def test_config_allows_what_is_refused_by_default(fake: FakeMachine) -> None:
     assert fake.engine(cgroup_prefixes=("kubepods",)).apply(p2, dry_run=True).state == P.STATE_DRY_RUN
 
 
-_json_values = st.recursive(
+_json_values = json_like(
     st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["plan_id", "actions", "id", "required", "thread_affinity", "cpuset", "irq_affinity",
-                         "pid", "cpus", "threads", "all", "tids", "name_pattern", "cgroup_path", "mems", "x"]),
-        children, max_size=5),
-    max_leaves=20)
+    st.sampled_from(["plan_id", "actions", "id", "required", "thread_affinity", "cpuset", "irq_affinity",
+                     "pid", "cpus", "threads", "all", "tids", "name_pattern", "cgroup_path", "mems", "x"]),
+    max_leaves=20, dict_size=5)
 
 
 @settings(max_examples=300, deadline=None)

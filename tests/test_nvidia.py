@@ -40,6 +40,7 @@ from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, SysNode, Sy
 from discovery.source import ProbeContext, ProbeResult, State
 from discovery.sysfs_pci import normalize_bdf
 from tests.fixtures import hwloc_root
+from tests.strategies import json_like
 from tests.synth import fixture_files, tree
 from tests.sysfs_tree import Link, write_tree
 
@@ -472,9 +473,8 @@ def test_garbage_replay_degrades(text: str, roots: dict[str, Path], tmp_path: Pa
     _gh200_from_procfs_only(res.data)
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                     max_leaves=20)
+_JSON = json_like(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                  st.text(max_size=8), max_leaves=20)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

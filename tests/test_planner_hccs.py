@@ -18,6 +18,7 @@ from planner import hccs
 from planner.errors import PlanError
 from planner.examples_hccs_xpu import hccs_example_fleet
 from tests.fixtures import SHARED
+from tests.strategies import json_like
 
 ASCEND910 = SHARED / "fixtures" / "ascend910"
 
@@ -545,10 +546,9 @@ def test_ranking_is_score_then_name_and_scores_follow_the_seed_order(body: dict[
 
 
 JSON_KEYS = st.sampled_from(["request", "nodes", "name", "available", "capacity", "x"])
-GARBAGE = st.recursive(
+GARBAGE = json_like(
     st.none() | st.booleans() | st.integers(-3, 20) | st.text(max_size=4) | st.floats(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(JSON_KEYS, inner, max_size=4),
-    max_leaves=20,
+    JSON_KEYS, max_leaves=20,
 )
 
 

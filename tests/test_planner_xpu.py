@@ -19,6 +19,7 @@ from planner import xpu
 from planner.errors import PlanError
 from planner.examples_hccs_xpu import xpu_example_fleet
 from tests.fixtures import SHARED
+from tests.strategies import json_like
 
 KUNLUNXIN = SHARED / "fixtures" / "kunlunxin"
 ALL = frozenset(range(8))
@@ -455,10 +456,9 @@ def test_rank_order_and_devices_are_free(body: dict[str, Any]) -> None:
 
 
 JSON_KEYS = st.sampled_from(["request", "nodes", "name", "used", "occupancy", "cross_half_fallback", "x"])
-GARBAGE = st.recursive(
+GARBAGE = json_like(
     st.none() | st.booleans() | st.integers(-3, 300) | st.text(alphabet="01x", max_size=9) | st.floats(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(JSON_KEYS, inner, max_size=4),
-    max_leaves=20,
+    JSON_KEYS, max_leaves=20,
 )
 
 
