@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import time
@@ -24,7 +25,7 @@ from discovery import (
 from discovery.assemble import Parts, assemble
 from discovery.fingerprint import fingerprint
 from discovery.parts import AcceleratorPart, HwlocPart
-from discovery.source import ProbeContext, ProbeResult, SourceStatus, State
+from discovery.source import ProbeContext, ProbeResult, SharedReads, SourceStatus, State
 from memtopo.v1 import topology_pb2 as pb
 
 
@@ -61,6 +62,7 @@ def collect(ctx: ProbeContext) -> Parts:
     On the live host the vendor probes start first, in their own threads: their tools and
     libraries can take seconds (or hang until their timeout), and that wait should overlap
     everything else rather than add to it. Replayed tools answer instantly and run inline."""
+    ctx = dataclasses.replace(ctx, shared=SharedReads())
     backstop = _Backstop(ctx)
     vendor_pool = ThreadPoolExecutor(max_workers=len(ACCELERATOR_PROBES)) if (
         ctx.libraries_live and ACCELERATOR_PROBES) else None

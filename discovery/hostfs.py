@@ -135,7 +135,7 @@ class HostFS:
 
     def read_attr(self, rel: str) -> str:
         """A one-value sysfs attribute, stripped (some captured trees pad files with NULs)."""
-        return self.read_text(rel).strip().strip("\0").strip()
+        return self.read_record(rel).strip().strip("\0").strip()
 
     def read_int(self, rel: str, base: int = 10) -> int:
         """An integer attribute. ``base=0`` accepts the ``%#llx`` form (``0x…``, or ``0``)."""
@@ -146,14 +146,14 @@ class HostFS:
             raise HostReadError(rel, f"not an integer: {text[:40]!r}") from exc
 
     def read_cpulist(self, rel: str) -> tuple[int, ...]:
-        text = self.read_text(rel)
+        text = self.read_record(rel)
         try:
             return parse_cpulist(text)
         except CpuListError as exc:
             raise HostReadError(rel, str(exc)) from exc
 
     def read_mask(self, rel: str) -> tuple[int, ...]:
-        text = self.read_text(rel)
+        text = self.read_record(rel)
         try:
             return parse_mask(text)
         except CpuListError as exc:

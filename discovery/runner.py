@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -79,6 +79,8 @@ class RecordedRunner:
     """Replays recorded outputs keyed by argv; an unknown argv behaves like a missing tool."""
 
     recordings: Mapping[tuple[str, ...], ToolResult]
+    # A replay answers at once: run_all needs no threads to keep its calls from waiting on each other.
+    blocks: ClassVar[bool] = False
 
     @classmethod
     def from_dir(cls, tools: Path) -> RecordedRunner:
@@ -126,8 +128,9 @@ MAX_CONCURRENT_TOOLS = 4
 
 def run_all(runner: Runner, argvs: Sequence[Sequence[str]], timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
     """Run independent tool calls concurrently, results in argv order: one slow tool costs its
-    own timeout, not the sum of all of them."""
-    if len(argvs) <= 1:
+    own timeout, not the sum of all of them. A runner whose ``blocks`` is False (a replay) is
+    called in turn: starting a thread pool costs more than all of its answers."""
+    if len(argvs) <= 1 or not getattr(runner, "blocks", True):
         return [runner.run(a, timeout) for a in argvs]
     from concurrent.futures import ThreadPoolExecutor
 

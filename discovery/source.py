@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from discovery.hostfs import HostFS, HostReadError
+from discovery.parts import PciInfo
 from discovery.runner import RECORDED_TOOLS_DIR, RecordedRunner, Runner, SubprocessRunner
 
 # NVML answers recorded with a captured root (JSON; format in discovery/nvidia.py).
@@ -29,6 +31,29 @@ class SourceStatus:
     duration_s: float = 0.0
 
 
+class SharedReads:
+    """What one probe of a discovery read that another needs too, handed over instead of read
+    twice: the PCI functions (sysfs.pci reads every one; a vendor probe's "is there any of our
+    devices" would otherwise read every function's vendor again). One per discovery, so it never
+    serves a stale answer; a probe run on its own has none and reads for itself."""
+
+    # Long enough for the PCI probe of any real host, short enough that a stuck one costs a vendor
+    # probe only this before it scans for itself.
+    WAIT_S = 10.0
+
+    def __init__(self) -> None:
+        self._pci_ready = threading.Event()
+        self._pci: tuple[PciInfo, ...] | None = None
+
+    def publish_pci(self, devices: Sequence[PciInfo] | None) -> None:
+        """The PCI probe's functions, or None when it could not list them (waiters then read)."""
+        self._pci = tuple(devices) if devices is not None else None
+        self._pci_ready.set()
+
+    def pci(self) -> tuple[PciInfo, ...] | None:
+        return self._pci if self._pci_ready.wait(self.WAIT_S) else None
+
+
 @dataclass(frozen=True)
 class ProbeContext:
     """Where a probe reads from. ``hwloc_xml`` replaces the root for the hwloc probe.
@@ -45,6 +70,7 @@ class ProbeContext:
     hwloc_env: Mapping[str, str] = field(default_factory=dict)
     libraries_live: bool = False
     nvml_replay: Path | None = None
+    shared: SharedReads | None = None
 
     @classmethod
     def live(cls) -> ProbeContext:

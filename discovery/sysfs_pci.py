@@ -105,7 +105,7 @@ class AttrReader:
 
     def cpus(self, rel: str, mask: bool) -> Ids:
         try:
-            text = self.fs.read_text(rel)
+            text = self.fs.read_record(rel)
         except HostReadError as exc:
             self.sb.problem(exc)
             return ()
@@ -122,6 +122,17 @@ class AttrReader:
 
 
 def probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
+    result: ProbeResult[SysPci] | None = None
+    try:
+        result = _probe(ctx)
+        return result
+    finally:
+        # Also when this probe fails: a vendor probe waiting on it then reads for itself.
+        if ctx.shared is not None:
+            ctx.shared.publish_pci(result.data.devices if result is not None and result.data.devices else None)
+
+
+def _probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
     sb = StatusBuilder(SOURCE)
     if not ctx.sysfs_available:
         sb.unavailable("input is an hwloc XML export")
@@ -237,7 +248,7 @@ def _uevent_ids(rd: AttrReader, base: str) -> dict[str, int | str]:
     """vendor, device, subsystem ids, class (ints) and driver (str) from ``uevent``."""
     out: dict[str, int | str] = {}
     try:
-        text = rd.fs.read_text(f"{base}/uevent")
+        text = rd.fs.read_record(f"{base}/uevent")
     except HostReadError as exc:
         rd.sb.problem(exc)
         return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 from discovery.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist, parse_mask
 from discovery.hostfs import HostFS, HostReadError
-from discovery.runner import RecordedRunner, SubprocessRunner, ToolResult
+from discovery.runner import RecordedRunner, SubprocessRunner, ToolResult, run_all
 
 
 @pytest.mark.parametrize(("text", "ids"), [
@@ -85,3 +87,43 @@ def test_recorded_runner_replays_by_argv() -> None:
     rec = RecordedRunner({("npu-smi", "info"): ToolResult(("npu-smi", "info"), 0, "table\n")})
     assert rec.run(["npu-smi", "info"]).stdout == "table\n"
     assert not rec.run(["npu-smi", "info", "-m"]).ok
+
+
+class _ThreadRecordingRunner:
+    """Answers every argv, noting the thread each call ran on."""
+
+    def __init__(self, blocks: bool) -> None:
+        self.blocks = blocks
+        self.threads: list[str] = []
+
+    def run(self, argv: Sequence[str], timeout: float = 10.0) -> ToolResult:
+        self.threads.append(threading.current_thread().name)
+        return ToolResult(tuple(argv), 0, " ".join(argv))
+
+
+@pytest.mark.parametrize("blocks", [True, False])
+def test_run_all_keeps_argv_order_and_threads_only_runners_that_block(blocks: bool) -> None:
+    runner = _ThreadRecordingRunner(blocks)
+    argvs = [["tool", str(i)] for i in range(3)]
+    assert [r.stdout for r in run_all(runner, argvs)] == ["tool 0", "tool 1", "tool 2"]
+    on_caller = [t == threading.current_thread().name for t in runner.threads]
+    assert on_caller == [not blocks] * 3
+
+
+def test_recorded_runner_is_called_inline_by_run_all() -> None:
+    rec = RecordedRunner({("a",): ToolResult(("a",), 0, "x")})
+    assert rec.blocks is False
+    assert [r.ok for r in run_all(rec, [["a"], ["b"]])] == [True, False]
+
+
+def test_one_read_attributes_still_read_a_file_longer_than_one_read(tmp_path: Path) -> None:
+    """read_attr, read_cpulist and read_mask take a short read as the whole file; one that fills
+    the buffer is read again in full (a captured tree padded far past a page)."""
+    from discovery.hostfs import RECORD_CHUNK
+
+    (tmp_path / "padded").write_bytes(b"\0" * RECORD_CHUNK + b"42\n")
+    (tmp_path / "list").write_text(",".join(str(c) for c in range(0, 8000, 2)) + "\n")
+    fs = HostFS.at(tmp_path)
+    assert fs.read_int("padded") == 42
+    assert len((tmp_path / "list").read_bytes()) > RECORD_CHUNK
+    assert fs.read_cpulist("list") == tuple(range(0, 8000, 2))

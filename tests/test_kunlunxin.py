@@ -588,3 +588,44 @@ def test_probe_never_raises(host_root: Path, l_out: str, m_out: str, topo_out: s
     assert res.status.state in (State.OK, State.DEGRADED)
     if fail:
         assert res.status.state is State.DEGRADED
+
+
+def test_in_a_discovery_the_pci_scan_is_the_pci_probes(host_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within collect() the probe takes its PCI functions from what sysfs.pci published instead of
+    reading every function's vendor again, and reports the same devices as when it scans alone."""
+    from discovery import sysfs_pci
+    from discovery.source import SharedReads
+
+    alone = kunlunxin.probe(ProbeContext.at_root(host_root)).data
+    shared = SharedReads()
+    ctx = ProbeContext.at_root(host_root, shared=shared)
+    assert sysfs_pci.probe(ctx).status.state is State.OK
+    opened: list[str] = []
+    real_read_int = type(ctx.fs).read_int
+
+    def counting(fs: object, rel: str, base: int = 10) -> int:
+        opened.append(rel)
+        return real_read_int(fs, rel, base)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(ctx.fs), "read_int", counting)
+    assert kunlunxin.probe(ctx).data == alone
+    assert not [r for r in opened if r.endswith("/vendor")]
+    assert len(alone.devices) == 8
+
+
+def test_when_the_pci_probe_fails_the_probe_scans_for_itself(host_root: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from discovery import sysfs_pci
+    from discovery.source import SharedReads
+
+    def broken(ctx: ProbeContext) -> object:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(sysfs_pci, "_probe", broken)
+    shared = SharedReads()
+    monkeypatch.setattr(SharedReads, "WAIT_S", 0.0)  # a missing publish would return None at once
+    ctx = ProbeContext.at_root(host_root, shared=shared)
+    with pytest.raises(RuntimeError):
+        sysfs_pci.probe(ctx)
+    assert shared._pci_ready.is_set() and shared.pci() is None
+    assert len(kunlunxin.probe(ctx).data.devices) == 8
