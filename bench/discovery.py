@@ -57,7 +57,6 @@ def _hwloc_load(kind: str, path: str) -> Callable[[], None]:
 
 
 def _discover(kind: str, path: str) -> Callable[[], None]:
-    from discovery import hwloc
     from discovery.discover import discover
     from discovery.source import ProbeContext
 
@@ -65,10 +64,6 @@ def _discover(kind: str, path: str) -> Callable[[], None]:
            else ProbeContext.live() if kind == "live" else ProbeContext.at_root(path))
     def run() -> None:
         discover(ctx)
-        # hwloc's topology is freed on a thread of its own while assemble runs: that work is timed
-        # too, and must be over before the baseline runs (a topology still alive keeps hwloc's
-        # component registry loaded, which would make the baseline's next load cheaper).
-        hwloc.settle()
     return run
 
 

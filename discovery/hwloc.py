@@ -15,7 +15,6 @@ fetched with a single call each where the capacity is known up front.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import os
 import struct
@@ -203,7 +202,6 @@ class _Api:
         self.obj_by_depth = self.lib["hwloc_get_obj_by_depth"]
         self.obj_by_depth.restype = ctypes.c_void_p
         self.obj_by_depth.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
-        self.destroy_address = ctypes.cast(self.lib.hwloc_topology_destroy, ctypes.c_void_p)
         self._type_names: dict[int, str] = {}
         self.library_version = ""
 
@@ -272,69 +270,6 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
 def _destroy(api: _Api, hdl: ctypes.c_void_p) -> None:
     if hdl:
         api.core.topology_destroy(hdl)
-
-
-class _Reaper:
-    """Frees loaded topologies on native threads while assemble() builds the message.
-
-    Freeing a topology is pure C work (about a tenth of discovery on a 1,000-object XML). A Python
-    worker thread cannot overlap it: a woken thread gets the GIL only when its holder blocks or
-    after the 5 ms switch interval, and assemble() never blocks, so the worker started once
-    discovery was over. A thread made with ``pthread_create`` whose start routine is
-    ``hwloc_topology_destroy`` itself never needs the GIL: it starts at once on the other core.
-    (A ``void f(void *)`` used as ``void *(*)(void *)``: the argument is passed alike on every
-    Linux ABI and the garbage return value is never read.) hwloc allows different topologies in
-    different threads; its component registry has its own lock.
-
-    Every thread is joined: by the next hand-over (long finished by then), by ``settle()``, or at
-    exit. Without pthreads (never seen on Linux), topologies are freed inline.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: list[int] = []
-        self._create: Any = None
-        self._join: Any = None
-        try:
-            libc = ctypes.CDLL(None)
-            create, join = libc.pthread_create, libc.pthread_join
-        except (OSError, AttributeError):
-            return
-        create.argtypes = (ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-        create.restype = ctypes.c_int
-        join.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
-        join.restype = ctypes.c_int
-        self._create, self._join = create, join
-        atexit.register(self.settle)
-        # A forked child has none of its parent's threads: joining their ids there is undefined.
-        os.register_at_fork(after_in_child=self._forget_threads)
-
-    def _forget_threads(self) -> None:
-        self._lock = threading.Lock()
-        self._pending = []
-
-    def hand_over(self, api: _Api, hdl: ctypes.c_void_p) -> None:
-        if not hdl:
-            return
-        self.settle()
-        thread = ctypes.c_ulong(0)
-        if self._create is None or self._create(ctypes.byref(thread), None, api.destroy_address, hdl) != 0:
-            _destroy(api, hdl)  # no thread to be had: free it here rather than leak it
-            return
-        with self._lock:
-            self._pending.append(thread.value)
-
-    def settle(self) -> None:
-        """Wait until every topology handed over so far is freed (benchmarks: the subject's time
-        must include all of its work)."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for thread in pending:
-            self._join(thread, None)
-
-
-_REAPER = _Reaper()
-settle = _REAPER.settle
 
 
 def _new_topology(api: _Api, xml: str | None) -> ctypes.c_void_p:
@@ -840,5 +775,7 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
         status.unavailable(f"hwloc extraction failed ({src.describe()}): {type(exc).__name__}: {exc}")
         return ProbeResult(EMPTY, status.finish())
     finally:
-        _REAPER.hand_over(api, hdl)
+        # At once, on this thread: freeing it on a thread of its own (measured) saved nothing, the
+        # main thread's assembly slowing by what the free cost while both ran.
+        _destroy(api, hdl)
     return ProbeResult(part, status.finish())

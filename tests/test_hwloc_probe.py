@@ -709,51 +709,33 @@ def _resident_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_every_loaded_topology_is_handed_to_a_native_thread_and_freed() -> None:
-    """Each probe hands its topology to the reaper, which frees it on a thread of its own; settle()
-    joins them all. A topology never freed would grow the process by ~70 KiB a probe here (~14 MiB
-    over these 200), one freed stays flat."""
+def test_every_loaded_topology_is_freed() -> None:
+    """A topology never freed would grow the process by ~70 KiB a probe here (~14 MiB over these
+    200); one freed stays flat."""
     ctx = ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml")
     for _ in range(20):  # the library's version topology, lru caches, malloc's arenas
         hwloc.probe(ctx)
-    hwloc.settle()
     before = _resident_bytes()
     for _ in range(200):
         assert hwloc.probe(ctx).status.state == State.OK
-    assert hwloc._REAPER._pending, "the last hand-over is still to be joined"
-    hwloc.settle()
-    assert hwloc._REAPER._pending == []
     assert _resident_bytes() - before < 3 * 2**20
 
 
-def test_without_pthreads_topologies_are_freed_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_extraction_still_frees_its_topology(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml")
     hwloc.probe(ctx)
-    hwloc.settle()
-    destroyed: list[str] = []
+    destroyed: list[object] = []
     real = hwloc._destroy
 
     def counting(api: object, hdl: object) -> None:
-        destroyed.append(threading.current_thread().name)
+        destroyed.append(hdl)
         real(api, hdl)  # type: ignore[arg-type]
 
+    def broken(*args: object) -> object:
+        raise RuntimeError("bug")
+
     monkeypatch.setattr(hwloc, "_destroy", counting)
-    monkeypatch.setattr(hwloc._REAPER, "_create", None)
-    for _ in range(3):
-        assert hwloc.probe(ctx).status.state == State.OK
-    assert destroyed == [threading.current_thread().name] * 3
-    assert hwloc._REAPER._pending == []
-
-
-# The child only checks a list and exits: the multi-threaded fork is what is under test.
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_a_forked_child_does_not_join_its_parents_reaper_threads() -> None:
-    ctx = ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml")
-    hwloc.probe(ctx)
-    assert hwloc._REAPER._pending
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit status
-        os._exit(0 if hwloc._REAPER._pending == [] else 1)
-    _, status = os.waitpid(pid, 0)
-    hwloc.settle()
-    assert os.waitstatus_to_exitcode(status) == 0
+    monkeypatch.setattr(hwloc, "_extract", broken)
+    res = hwloc.probe(ctx)
+    assert res.status.state is State.UNAVAILABLE and "extraction failed" in res.status.reasons[0]
+    assert len(destroyed) == 1
