@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 Ids = tuple[int, ...]
 
@@ -250,16 +252,17 @@ class HwlocObjectDistances:
     matrix: tuple[tuple[int, ...], ...]
 
 
-@dataclass(frozen=True)
-class HwlocOsDevice:
+# hwloc's per-object parts are named tuples, not frozen dataclasses: extraction makes one per PCI
+# function and OS device on every discovery, and a frozen dataclass's __init__ (one
+# object.__setattr__ per field) cost as much as reading the object out of hwloc.
+class HwlocOsDevice(NamedTuple):
     name: str
     kind: str  # gpu, coproc, memory, storage, network, openfabrics, dma, other
     subtype: str
-    info: Mapping[str, str] = field(default_factory=dict)
+    info: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class HwlocPci:
+class HwlocPci(NamedTuple):
     bdf: str
     vendor_id: int
     device_id: int
