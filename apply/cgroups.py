@@ -8,11 +8,14 @@ Cgroup paths here are relative to the hierarchy root, without a leading slash ("
 
 from __future__ import annotations
 
+import os
+import select
+import weakref
 from dataclasses import dataclass
 
 from apply.host import HostFiles
 from discovery.hostfs import HostReadError
-from discovery.proc_allowed import cgroup_mounts
+from discovery.proc_allowed import MOUNTINFO, cgroup_mounts
 from discovery.source import ProbeContext, StatusBuilder
 
 # v1 with the usual "cpuset." prefix, v1 mounted with noprefix (or the old cpuset fs), v2.
@@ -95,6 +98,74 @@ def detect(files: HostFiles, forced_version: int = 0) -> Hierarchy | str:
         return Hierarchy(2, mount, v2.root or "/")
     wanted = f"cgroup v{forced_version} " if forced_version else ""
     return f"no {wanted}cpuset hierarchy mounted"
+
+
+class MountWatch:
+    """Tells whether this process's mount table changed since the last call, at the cost of one
+    ``poll``: procfs marks an open ``/proc/self/mountinfo`` with POLLPRI|POLLERR after any mount or
+    unmount in its namespace, and the poll that reports it re-arms it (proc(5), "mountinfo").
+    Only on the live procfs: a captured or fake tree's file is a plain file, which never reports
+    a change, so there every call says "changed" (nothing is ever cached wrongly)."""
+
+    def __init__(self, files: HostFiles) -> None:
+        self._poll: select.poll | None = None
+        self._close: weakref.finalize[[int], MountWatch] | None = None
+        if not files.fs.is_live:
+            return
+        try:
+            fd = os.open(files.fs.join(MOUNTINFO), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        # Closed with the watch (an Engine per CLI call or test must not leak descriptors).
+        self._close = weakref.finalize(self, os.close, fd)
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLPRI | select.POLLERR)
+
+    @property
+    def armed(self) -> bool:
+        return self._poll is not None
+
+    def changed(self) -> bool:
+        if self._poll is None:
+            return True
+        try:
+            events = self._poll.poll(0)
+        except OSError:
+            return True
+        return any(ev & (select.POLLPRI | select.POLLERR | select.POLLNVAL) for _, ev in events)
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+        self._poll = None
+
+
+class HierarchyCache:
+    """:func:`detect`, kept until the mount table changes. The answer depends only on the mount
+    table and, for cgroup v2, the root's ``cgroup.controllers``; a controller moves between v1 and
+    v2 only by mounting or unmounting a v1 hierarchy, which the watch sees too. Every apply,
+    rollback and recovery asks, so re-reading and parsing mountinfo each time cost more than the
+    cpuset write it is for."""
+
+    def __init__(self, files: HostFiles, forced_version: int = 0) -> None:
+        self.files = files
+        self.forced_version = forced_version
+        self._watch: MountWatch | None = None
+        self._value: Hierarchy | str | None = None
+
+    def get(self) -> tuple[Hierarchy | str, bool]:
+        """The hierarchy, and whether it was detected afresh by this call."""
+        if self._watch is None:
+            self._watch = MountWatch(self.files)
+        # Poll before reading: a mount between the two shows at the next call.
+        if self._value is None or self._watch.changed():
+            self._value = detect(self.files, self.forced_version)
+            return self._value, True
+        return self._value, False
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
 
 
 def normalize(path: str) -> str:

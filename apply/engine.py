@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -74,6 +75,7 @@ class Engine:
         self._lock = threading.RLock()
         self._irqbalance_seen: tuple[float, irqbalance.Irqbalance | None] | None = None
         self._boot_id: str | None = None
+        self._hierarchies = cgroups.HierarchyCache(host.files, self.config.cgroup_version)
 
     # ---- public --------------------------------------------------------------------------------------
     def apply(self, plan: planpb.BindingPlan, dry_run: bool = False) -> planpb.PlanResult:
@@ -133,9 +135,11 @@ class Engine:
 
     # ---- internals -----------------------------------------------------------------------------------
     def _hierarchy(self) -> Hierarchy | str:
-        """The cpuset hierarchy; its mount and /proc/irq become writable (nothing else ever is)."""
-        hier = cgroups.detect(self.host.files, self.config.cgroup_version)
-        self.host.files.allow_writes(["proc/irq", *([hier.mount] if isinstance(hier, Hierarchy) else [])])
+        """The cpuset hierarchy (detected again when the mount table changed: cgroups.HierarchyCache);
+        its mount and /proc/irq become writable (nothing else ever is)."""
+        hier, fresh = self._hierarchies.get()
+        if fresh:
+            self.host.files.allow_writes(["proc/irq", *([hier.mount] if isinstance(hier, Hierarchy) else [])])
         return hier
 
     def _irqbalance(self) -> irqbalance.Irqbalance | None:
@@ -378,10 +382,14 @@ class _Run:
         actions = self.plan.actions
         overlay: Overlay = {}
         prepared: list[tuple[int, Prepared]] = []
+        # Steps of each kind still to prepare in this group: a prediction is only read by a later
+        # step of its own kind (Step.predict), and a thousand-thread one costs a dict entry per tid.
+        left = Counter(s.kind for s in (steps[k] for k in indices) if s is not None)
         for k in indices:
             step = steps[k]
             if step is None:
                 continue
+            left[step.kind] -= 1
             try:
                 p = step.prepare(overlay)
             except ActionSkipError as exc:
@@ -393,7 +401,7 @@ class _Run:
                 self.results[k] = _result(actions[k].id, S.STATUS_SKIPPED, f"failed: {exc}")
                 continue
             prepared.append((k, p))
-            if p.changes:
+            if p.changes and left[step.kind]:
                 step.predict(overlay)
         entries = [(k, actions[k].id, p.undo) for k, p in prepared if p.undo]
         if entries:

@@ -12,6 +12,7 @@ and is left alone.
 from __future__ import annotations
 
 import errno
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
 from discovery.hostfs import HostReadError
 
 FileKind = Literal["list", "text", "partition", "subtree"]
+
+# include/linux/threads.h: no tid reaches this on any kernel (64-bit pid_max limit).
+PID_MAX_LIMIT = 1 << 22
 
 _BAN_SOCKET = re.compile(r"irqbalance\d{1,9}\.sock")
 _IRQBALANCE_UNIT = re.compile(r"irqbalance[\w@.-]{0,64}\.service")
@@ -96,11 +100,54 @@ _KINDS: dict[type[Any], str] = {
 }
 
 
+class UndoFormatError(ApplyError):
+    """A journal entry that is not an undo op this version knows."""
+
+
+def tid_runs(tids: Sequence[int]) -> str:
+    """Tids as runs of consecutive ids, in their order: ``(7, 8, 9, 3)`` → ``"7-9,3"``. A journal
+    names every thread it pins: a thousand tids as JSON numbers cost more to encode than the rest
+    of the record, and a process's threads are mostly one or a few runs. Not
+    :func:`format_cpulist`: that sorts (and tids exceed what a cpulist parser accepts)."""
+    n = len(tids)
+    if not n:
+        return ""
+    first = tids[0]
+    # The common case (one unbroken run) checked in C.
+    if tids[-1] - first == n - 1 and tuple(tids) == tuple(range(first, first + n)):
+        return f"{first}-{tids[-1]}" if n > 1 else str(first)
+    steps = list(map(operator.sub, tids[1:], tids[:-1]))
+    parts: list[str] = []
+    start = 0
+    for i in [i for i, d in enumerate(steps, 1) if d != 1] + [n]:
+        parts.append(str(tids[start]) if i - start == 1 else f"{tids[start]}-{tids[i - 1]}")
+        start = i
+    return ",".join(parts)
+
+
+def parse_tid_runs(text: str) -> Ids:
+    """The inverse of :func:`tid_runs`; UndoFormatError on anything else (a journal is data)."""
+    out: list[int] = []
+    if not text:
+        return ()
+    for part in text.split(","):
+        lo_s, dash, hi_s = part.partition("-")
+        digits = lo_s + hi_s if dash else lo_s
+        if len(part) > 16 or not lo_s or (dash and not hi_s) or not digits.isdigit() or not digits.isascii():
+            raise UndoFormatError(f"malformed tid run {part[:40]!r}")
+        lo = int(lo_s)
+        hi = int(hi_s) if dash else lo
+        if hi >= PID_MAX_LIMIT or lo > hi or len(out) + hi - lo >= PID_MAX_LIMIT:
+            raise UndoFormatError(f"bad tid run {part[:40]!r}")
+        out.extend(range(lo, hi + 1))
+    return tuple(out)
+
+
 def to_json(op: UndoOp) -> dict[str, Any]:
     out: dict[str, Any] = {"op": _KINDS[type(op)]}
     for name, value in vars(op).items():
         if isinstance(value, tuple) and value and isinstance(value[0], tuple):
-            out[name] = [[format_cpulist(c), list(t)] for c, t in value]
+            out[name] = [[format_cpulist(c), tid_runs(t)] for c, t in value]
         elif isinstance(value, tuple):
             out[name] = list(value)
         else:
@@ -108,15 +155,13 @@ def to_json(op: UndoOp) -> dict[str, Any]:
     return out
 
 
-class UndoFormatError(ApplyError):
-    """A journal entry that is not an undo op this version knows."""
-
-
 def from_json(obj: Mapping[str, Any]) -> UndoOp:
     try:
         kind = obj["op"]
         if kind == "affinity":
-            groups = tuple((parse_cpulist(c), tuple(int(t) for t in tids)) for c, tids in obj["groups"])
+            # Tids as runs (tid_runs), or as a list of numbers in journals written before.
+            groups = tuple((parse_cpulist(c), parse_tid_runs(tids) if isinstance(tids, str) else
+                            tuple(int(t) for t in tids)) for c, tids in obj["groups"])
             return AffinityUndo(int(obj["pid"]), int(obj["starttime"]), groups)
         if kind == "file":
             k = obj.get("kind", "text")

@@ -3,23 +3,36 @@ fsync of a cpuset action before them and are still rolled back after a crash at 
 IRQ write reads back through its own descriptor (real files) or through a fake kernel's write;
 kernel attributes are read in one read(2) without losing longer files; the journal's ``begin``
 record goes out with the first undo record; validation's CPU-list cache still names every bad
-action. All on the fake machine of tests/apply_fakes.py (no hardware needed for any of this)."""
+action; the cpuset hierarchy is detected again whenever the mount table changes (always on a fake
+or captured root; on the live one when procfs signals a mount, checked in a private mount
+namespace); thread ids are journaled as runs that round-trip exactly (old journals still read);
+a step predicts what it leaves only when a later step of its kind in the group reads it. All on
+the fake machine of tests/apply_fakes.py except the mount-namespace test (root and unshare(1))."""
 
 from __future__ import annotations
 
 import errno
+import gc
+import itertools
 import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apply.actions.threads import ThreadStep
+from apply.cgroups import Hierarchy, HierarchyCache, MountWatch
 from apply.errors import HostWriteError
 from apply.host import HostFiles
 from apply.journal import StateStore
+from apply.undo import PID_MAX_LIMIT, AffinityUndo, UndoFormatError, from_json, parse_tid_runs, tid_runs, to_json
 from discovery.hostfs import HostFS, HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import ONLINE_CPUS, FakeFiles, FakeMachine, cpuset, irq, machine, plan, threads
@@ -27,6 +40,7 @@ from tests.apply_fakes import ONLINE_CPUS, FakeFiles, FakeMachine, cpuset, irq, 
 S = planpb.ActionResult
 P = planpb.PlanResult
 MOVABLE_IRQS = (24, 40, 41, 42)
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Crash(BaseException):
@@ -260,3 +274,146 @@ def test_a_missing_irq_is_still_named_as_missing(m: FakeMachine) -> None:
     r = m.engine().apply(plan("p", irq("a", [1], number=24), irq("b", [1], number=77)))
     assert r.state == P.STATE_REJECTED
     assert r.rejections == ["b: IRQ 77 does not exist (no /proc/irq/77)"]
+
+
+# ---- cgroup hierarchy, detected once per mount table -------------------------------------------------
+def test_a_fake_root_detects_the_hierarchy_on_every_call(m: FakeMachine) -> None:
+    """A captured or fake mountinfo is a plain file that never signals a change: no caching there,
+    so a test (or a capture) that rewrites it is always seen."""
+    cache = HierarchyCache(m.files)
+    first, fresh1 = cache.get()
+    again, fresh2 = cache.get()
+    assert fresh1 and fresh2
+    assert isinstance(first, Hierarchy) and first.version == 1 and again == first
+    (m.root / "proc/self/mountinfo").write_text(
+        "31 23 0:28 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    (m.root / "sys/fs/cgroup/cgroup.controllers").write_text("cpuset memory\n")
+    now, _ = cache.get()
+    assert isinstance(now, Hierarchy) and now.version == 2 and now.mount == "sys/fs/cgroup"
+
+
+def test_the_engine_follows_a_changed_fake_mount_table(m: FakeMachine) -> None:
+    engine = m.engine()
+    assert engine.apply(plan("a", cpuset("c", "memtopo/x", cpus=[0, 1], mems=[0], create=True))).state == \
+        P.STATE_APPLIED
+    (m.root / "proc/self/mountinfo").write_text("")  # no cgroup mount any more
+    r = engine.apply(plan("b", cpuset("c", "memtopo/y", cpus=[0, 1], mems=[0], create=True)))
+    assert r.state == P.STATE_REJECTED
+    assert "no cpuset hierarchy" in r.rejections[0]
+
+
+_WATCH_SCRIPT = r"""
+import os, subprocess, sys
+from apply.cgroups import HierarchyCache, MountWatch
+from apply.host import HostFiles
+from discovery.hostfs import HostFS
+files = HostFiles(HostFS.at("/"))
+watch = MountWatch(files)
+cache = HierarchyCache(files)
+out = [watch.armed, watch.changed(), cache.get()[1], cache.get()[1]]
+subprocess.run(["mount", "-t", "tmpfs", "none", sys.argv[1]], check=True)
+out += [watch.changed(), watch.changed(), cache.get()[1], cache.get()[1]]
+subprocess.run(["umount", sys.argv[1]], check=True)
+out += [watch.changed(), cache.get()[1]]
+watch.close()
+out.append(watch.changed())  # closed: never claims "unchanged"
+print(" ".join(str(x) for x in out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1): mounts a tmpfs in a private mount namespace")
+def test_the_live_mount_table_is_watched_and_a_mount_invalidates(tmp_path: Path) -> None:
+    """procfs reports a mount or unmount to the open mountinfo once (POLLPRI): the cache detects
+    again exactly then. In a private mount namespace, so the host's table never changes."""
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", _WATCH_SCRIPT,
+                          str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [
+        "True", "False", "True", "False",   # armed; nothing changed; first detect; then cached
+        "True", "False", "True", "False",   # the mount: seen once; the cache detects again once
+        "True", "True",                     # the unmount likewise
+        "True",
+    ]
+
+
+def test_the_watch_closes_its_descriptor_with_the_engine(tmp_path: Path) -> None:
+    watch = MountWatch(HostFiles(HostFS.at("/")))
+    if not watch.armed:
+        pytest.skip("no /proc/self/mountinfo")
+    before = len(os.listdir("/proc/self/fd"))
+    del watch
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before - 1
+
+
+# ---- tids in the journal as runs -------------------------------------------------------------------
+@given(tids=st.lists(st.integers(min_value=1, max_value=PID_MAX_LIMIT - 1), max_size=200))
+def test_tid_runs_round_trip_in_order(tids: list[int]) -> None:
+    text = tid_runs(tids)
+    assert parse_tid_runs(text) == tuple(tids)
+    # one run per break in +1 steps: never longer than the numbers themselves
+    assert text.count(",") == sum(1 for a, b in itertools.pairwise(tids) if b != a + 1)
+
+
+def test_a_thousand_threads_are_one_short_record() -> None:
+    op = AffinityUndo(100, 5000, (((0, 1), tuple(range(20000, 21000))), ((2,), (21005, 21007, 21008))))
+    rec = to_json(op)
+    assert rec["groups"] == [["0-1", "20000-20999"], ["2", "21005,21007-21008"]]
+    assert from_json(json.loads(json.dumps(rec))) == op
+
+
+def test_journals_written_before_with_tid_lists_still_restore() -> None:
+    old = {"op": "affinity", "pid": 100, "starttime": 5000, "groups": [["0-1", [100, 101]], ["3", [102]]]}
+    assert from_json(old) == AffinityUndo(100, 5000, (((0, 1), (100, 101)), ((3,), (102,))))
+
+
+@given(text=st.text(alphabet="0123456789-, x", max_size=40))
+def test_garbage_tid_runs_are_a_typed_error(text: str) -> None:
+    try:
+        tids = parse_tid_runs(text)
+    except UndoFormatError:
+        return
+    assert all(0 <= t < PID_MAX_LIMIT for t in tids)
+    assert tid_runs(tids) == tid_runs(parse_tid_runs(tid_runs(tids)))
+
+
+@pytest.mark.parametrize("text", ["5-3", "1-99999999", "-4", "4-", ",", "1,,2", "0x10", "٣", "1" * 30,
+                                  f"0-{PID_MAX_LIMIT - 1},1"])
+def test_bad_tid_runs_are_refused(text: str) -> None:
+    with pytest.raises(UndoFormatError):
+        parse_tid_runs(text)
+    with pytest.raises(UndoFormatError):
+        from_json({"op": "affinity", "pid": 1, "starttime": 1, "groups": [["0", text]]})
+
+
+# ---- predictions only where a later step reads them ------------------------------------------------
+def test_a_second_thread_action_in_the_group_records_what_the_first_leaves(m: FakeMachine,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real = ThreadStep.predict
+
+    def spy(self: ThreadStep, overlay: dict[tuple[str, int], frozenset[int]]) -> None:
+        calls.append(self.action.id)
+        real(self, overlay)
+
+    monkeypatch.setattr(ThreadStep, "predict", spy)
+    start = {t: set(m.kernel.masks[t]) for t in (100, 101, 102)}
+    r = m.engine().apply(plan("p", threads("all", 100, [1], all=True), threads("acl", 100, [2], name="acl_thread"),
+                              irq("i", [3], number=24)))
+    assert r.state == P.STATE_APPLIED, r
+    assert calls == ["all"]  # the acl step reads it; nothing after the acl step does
+    undo: dict[object, Any] = {rec["action"]: rec["ops"] for rec in _records(m, "p") if rec["t"] == "undo"}
+    # the acl thread's previous mask is what the "all" step leaves, not what it had before the plan
+    assert undo["acl"][0]["groups"] == [["1", "101"]]
+    assert m.kernel.masks[101] == {2} and m.kernel.masks[100] == {1}
+    assert m.engine().rollback("p").state == P.STATE_ROLLED_BACK
+    assert {t: set(m.kernel.masks[t]) for t in (100, 101, 102)} == start
+
+
+def test_a_single_thread_action_predicts_nothing(m: FakeMachine, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(ThreadStep, "predict", lambda self, overlay: calls.append(self.action.id))
+    r = m.engine().apply(plan("p", threads("all", 100, [1], all=True), irq("i", [3], number=24)))
+    assert r.state == P.STATE_APPLIED, r
+    assert calls == []

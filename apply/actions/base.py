@@ -103,7 +103,8 @@ class Step(ABC):
         """Change the host and verify; raises ActionError (then the undo is restored)."""
 
     def predict(self, overlay: Overlay) -> None:  # noqa: B027 - most steps set nothing groupable
-        """Record in ``overlay`` what a successful apply leaves."""
+        """Record in ``overlay`` what a successful apply leaves. Only later steps of the same
+        ``kind`` read these entries: the engine skips the call when none follows in the group."""
 
 
 def ids(values: Iterable[int]) -> str:
