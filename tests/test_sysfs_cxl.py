@@ -224,15 +224,15 @@ def test_interleaved_ram_region(tmp_path: Path) -> None:
 
 def test_root_only_start_is_a_problem_not_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     interleaved_tree(tmp_path)
-    real_read = HostFS.read_text
+    real_open = HostFS._open
 
-    def no_root(self: HostFS, rel: str) -> str:
-        # What HostFS raises for EACCES as non-root (strerror of PermissionError).
+    def no_root(self: HostFS, rel: str) -> int:
+        # Every read opens through _open: what it raises for EACCES as non-root.
         if rel.endswith("/start"):
             raise HostReadError(rel, "Permission denied")
-        return real_read(self, rel)
+        return real_open(self, rel)
 
-    monkeypatch.setattr(HostFS, "read_text", no_root)
+    monkeypatch.setattr(HostFS, "_open", no_root)
     result = run(tmp_path)
     assert result.status.state is State.DEGRADED
     assert f"{BUS}/decoder0.0/start: Permission denied" in result.status.reasons
