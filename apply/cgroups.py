@@ -163,10 +163,6 @@ class HierarchyCache:
             return self._value, True
         return self._value, False
 
-    def close(self) -> None:
-        if self._watch is not None:
-            self._watch.close()
-
 
 def normalize(path: str) -> str:
     return path.strip("/")

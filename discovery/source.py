@@ -46,7 +46,7 @@ class SharedReads:
         self._pci: tuple[PciInfo, ...] | None = None
 
     def publish_pci(self, devices: Sequence[PciInfo] | None) -> None:
-        """The PCI probe's functions, or None when it could not list them (waiters then read)."""
+        """The PCI probe's functions, or None when it raised (waiters then read for themselves)."""
         self._pci = tuple(devices) if devices is not None else None
         self._pci_ready.set()
 

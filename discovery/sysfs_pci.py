@@ -127,9 +127,10 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
         result = _probe(ctx)
         return result
     finally:
-        # Also when this probe fails: a vendor probe waiting on it then reads for itself.
+        # Also when this probe raises: a vendor probe waiting on it then reads for itself. A bus
+        # with no functions (or none to read) is an answer too: scanning it again finds nothing.
         if ctx.shared is not None:
-            ctx.shared.publish_pci(result.data.devices if result is not None and result.data.devices else None)
+            ctx.shared.publish_pci(result.data.devices if result is not None else None)
 
 
 def _probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
