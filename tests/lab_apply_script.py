@@ -233,7 +233,7 @@ def other_cpu(current: str, cpus: list[int]) -> int:
 # ---- scenarios -------------------------------------------------------------------------------------
 def s_cli_migration(lab: Lab) -> Json:
     """``memtopo apply`` of a page_migration 0 → 1 on a process whose pages are on node 0, then
-    ``memtopo rollback`` (nothing lived on node 1 before, so the engine moves them back)."""
+    ``memtopo rollback`` (which moves them back only if nothing lived on node 1 before)."""
     state = str(lab.state / "cli")
     with child(alloc_cpus=lab.node0) as c:
         before = read(f"/proc/{c.pid}/numa_maps")

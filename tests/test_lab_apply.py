@@ -103,13 +103,20 @@ def test_apply_migrates_a_process_from_node0_to_node1_and_reports_numa_maps(repo
     assert d["pages_left_on_source"] == str(after.get(0, 0)) == "0"
     assert d["not_moved_reported"] == "0"
     assert after.get(1, 0) == before.get(1, 0) + before[0]
-    # The child had pages on node 1 already (the interpreter ran there before pinning itself), so
-    # moving "back" would move those too: the rollback leaves the pages and says so.
     rb = s["rollback"]
     assert rb["rc"] == 0, rb["stderr"]
     assert rb["json"]["state"] == "STATE_ROLLED_BACK"
-    assert "pages left where they are" in rb["json"]["actions"][0]["reason"]
-    assert node_pages(s["numa_maps_after_rollback"]) == after
+    reason = rb["json"]["actions"][0]["reason"]
+    # Whether the child had pages on node 1 before depends on where the scheduler ran its
+    # interpreter before it pinned itself to node 0: each case has its own exact outcome.
+    if before.get(1, 0):
+        # Moving "back" would move those too: the rollback leaves the pages and says so.
+        assert "pages left where they are" in reason
+        assert node_pages(s["numa_maps_after_rollback"]) == after
+    else:
+        # Nothing lived on node 1: the rollback moves every page back to node 0.
+        assert reason == "restored"
+        assert node_pages(s["numa_maps_after_rollback"]) == before
 
 
 @pytest.mark.parametrize("name", ["mempolicy_v1_cli", "mempolicy_v2"])
