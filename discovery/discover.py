@@ -25,7 +25,7 @@ from discovery import (
 from discovery.assemble import Parts, assemble
 from discovery.fingerprint import fingerprint
 from discovery.parts import AcceleratorPart, HwlocPart
-from discovery.source import ProbeContext, ProbeResult, SharedReads, SourceStatus, State
+from discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State
 from memtopo.v1 import topology_pb2 as pb
 
 
@@ -55,14 +55,16 @@ ACCELERATOR_PROBES: tuple[tuple[str, Callable[[ProbeContext], ProbeResult[Accele
 )
 
 
-def collect(ctx: ProbeContext) -> Parts:
+def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
     """All probes' parts. hwloc's load is C code that releases the GIL, so the sysfs probes run
     beside it on another core instead of after it (with XML input there is nothing to overlap).
 
     On the live host the vendor probes start first, in their own threads: their tools and
     libraries can take seconds (or hang until their timeout), and that wait should overlap
-    everything else rather than add to it. Replayed tools answer instantly and run inline."""
-    ctx = dataclasses.replace(ctx, shared=SharedReads())
+    everything else rather than add to it. Replayed tools answer instantly and run inline.
+
+    What the probes defer (see DiscoveryScope) runs when the caller closes ``scope``."""
+    ctx = dataclasses.replace(ctx, scope=scope)
     backstop = _Backstop(ctx)
     vendor_pool = ThreadPoolExecutor(max_workers=len(ACCELERATOR_PROBES)) if (
         ctx.libraries_live and ACCELERATOR_PROBES) else None
@@ -101,12 +103,13 @@ def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        topo = assemble(collect(ctx), source_root=root)
+        with DiscoveryScope() as scope:
+            topo = assemble(collect(ctx, scope), source_root=root)
+            topo.generation = generation
+            topo.fingerprint = fingerprint(topo)
     finally:
         if gc_was_enabled:
             gc.enable()
-    topo.generation = generation
-    topo.fingerprint = fingerprint(topo)
     # What Timestamp.GetCurrentTime gives (the same clock, whole microseconds) without its trip
     # through datetime and calendar.
     seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from typing import Any
 
 from discovery.parts import (
@@ -775,7 +775,10 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
         status.unavailable(f"hwloc extraction failed ({src.describe()}): {type(exc).__name__}: {exc}")
         return ProbeResult(EMPTY, status.finish())
     finally:
-        # At once, on this thread: freeing it on a thread of its own (measured) saved nothing, the
-        # main thread's assembly slowing by what the free cost while both ran.
-        _destroy(api, hdl)
+        # Not on a thread of its own (measured: it saved nothing, the assembly slowing by what the
+        # free cost while both ran), but after the discovery's assembly when there is one.
+        if ctx.scope is not None:
+            ctx.scope.defer(partial(_destroy, api, hdl))
+        else:
+            _destroy(api, hdl)
     return ProbeResult(part, status.finish())

@@ -388,7 +388,7 @@ def probe(ctx: ProbeContext) -> ProbeResult[AcceleratorPart]:
 def _kunlunxin_pci(ctx: ProbeContext) -> dict[str, int]:
     """Kunlunxin accelerators on PCI: BDF → sysfs numa_node. Unreadable attributes are skipped here;
     the PCI probe reports them. Within a discovery, from what the PCI probe read."""
-    listed = ctx.shared.pci() if ctx.shared is not None else None
+    listed = ctx.scope.pci() if ctx.scope is not None else None
     if listed is not None:
         return {d.bdf: d.numa_node for d in listed
                 if d.vendor_id == VENDOR_KUNLUNXIN and classify(d.vendor_id, d.device_id, d.class_code) == "xpu"}

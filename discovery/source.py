@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -31,11 +31,19 @@ class SourceStatus:
     duration_s: float = 0.0
 
 
-class SharedReads:
-    """What one probe of a discovery read that another needs too, handed over instead of read
-    twice: the PCI functions (sysfs.pci reads every one; a vendor probe's "is there any of our
-    devices" would otherwise read every function's vendor again). One per discovery, so it never
-    serves a stale answer; a probe run on its own has none and reads for itself."""
+class DiscoveryScope:
+    """What the probes of one discovery share, and what waits until its message is built.
+
+    Reads: what one probe read that another needs too, handed over instead of read twice (the PCI
+    functions: sysfs.pci reads every one; a vendor probe's "is there any of our devices" would
+    otherwise read every function's vendor again).
+
+    Deferred work: freeing hwloc's topology. The free unloads hwloc's plugins (dlclose of libcudart
+    and the rest), which evicts the interpreter's working set from this core's cache; done after the
+    assembly instead of before it, the assembly runs warm (measured in bench/discovery.py).
+
+    One per discovery, so it never serves a stale answer; a probe run on its own has none, reads for
+    itself and frees at once."""
 
     # Long enough for the PCI probe of any real host, short enough that a stuck one costs a vendor
     # probe only this before it scans for itself.
@@ -44,6 +52,7 @@ class SharedReads:
     def __init__(self) -> None:
         self._pci_ready = threading.Event()
         self._pci: tuple[PciInfo, ...] | None = None
+        self._deferred: list[Callable[[], None]] = []
 
     def publish_pci(self, devices: Sequence[PciInfo] | None) -> None:
         """The PCI probe's functions, or None when it raised (waiters then read for themselves)."""
@@ -52,6 +61,27 @@ class SharedReads:
 
     def pci(self) -> tuple[PciInfo, ...] | None:
         return self._pci if self._pci_ready.wait(self.WAIT_S) else None
+
+    def defer(self, release: Callable[[], None]) -> None:
+        """Run ``release`` when the discovery closes (list.append: safe from a probe's thread)."""
+        self._deferred.append(release)
+
+    def close(self) -> None:
+        """Run what was deferred, newest first; every one runs even if an earlier one raises."""
+        errors: list[Exception] = []
+        while self._deferred:
+            try:
+                self._deferred.pop()()
+            except Exception as exc:  # the others must still be released
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> DiscoveryScope:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -70,7 +100,7 @@ class ProbeContext:
     hwloc_env: Mapping[str, str] = field(default_factory=dict)
     libraries_live: bool = False
     nvml_replay: Path | None = None
-    shared: SharedReads | None = None
+    scope: DiscoveryScope | None = None
 
     @classmethod
     def live(cls) -> ProbeContext:

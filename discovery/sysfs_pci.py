@@ -129,8 +129,8 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
     finally:
         # Also when this probe raises: a vendor probe waiting on it then reads for itself. A bus
         # with no functions (or none to read) is an answer too: scanning it again finds nothing.
-        if ctx.shared is not None:
-            ctx.shared.publish_pci(result.data.devices if result is not None else None)
+        if ctx.scope is not None:
+            ctx.scope.publish_pci(result.data.devices if result is not None else None)
 
 
 def _probe(ctx: ProbeContext) -> ProbeResult[SysPci]:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -739,3 +740,81 @@ def test_a_failed_extraction_still_frees_its_topology(monkeypatch: pytest.Monkey
     res = hwloc.probe(ctx)
     assert res.status.state is State.UNAVAILABLE and "extraction failed" in res.status.reasons[0]
     assert len(destroyed) == 1
+
+
+def _recording_destroy(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    """Records every topology free from here on; the library's version topology (made and freed
+    once per process, on the first probe) is made before."""
+    hwloc._library_version(hwloc._api())
+    real = hwloc._destroy
+
+    def recording(api: object, hdl: object) -> None:
+        events.append("destroy")
+        real(api, hdl)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hwloc, "_destroy", recording)
+
+
+def test_in_a_discovery_the_topology_is_freed_after_the_message_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from discovery import discover as discover_mod
+
+    events: list[str] = []
+    _recording_destroy(monkeypatch, events)
+    from discovery.assemble import assemble as real_assemble
+    from discovery.fingerprint import fingerprint as real_fingerprint
+
+    def assemble(*args: Any, **kw: Any) -> Any:
+        events.append("assemble")
+        return real_assemble(*args, **kw)
+
+    def fingerprint(topo: Any) -> str:
+        events.append("fingerprint")
+        return real_fingerprint(topo)
+
+    monkeypatch.setattr(discover_mod, "assemble", assemble)
+    monkeypatch.setattr(discover_mod, "fingerprint", fingerprint)
+    topo = discover_mod.discover(ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml"))
+    assert events == ["assemble", "fingerprint", "destroy"]
+    assert len(topo.pci_devices) == 28 and topo.fingerprint
+
+
+def test_a_discovery_whose_assembly_fails_still_frees_its_topology(monkeypatch: pytest.MonkeyPatch) -> None:
+    from discovery import discover as discover_mod
+
+    events: list[str] = []
+    _recording_destroy(monkeypatch, events)
+
+    def broken(*args: object, **kw: object) -> object:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(discover_mod, "assemble", broken)
+    with pytest.raises(RuntimeError, match="bug"):
+        discover_mod.discover(ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml"))
+    assert events == ["destroy"]
+
+
+def test_a_probe_outside_a_discovery_frees_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    _recording_destroy(monkeypatch, events)
+    assert hwloc.probe(ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml")).status.state is State.OK
+    assert events == ["destroy"]
+
+
+def test_scope_runs_every_deferred_release_newest_first_even_when_one_raises() -> None:
+    from discovery.source import DiscoveryScope
+
+    ran: list[str] = []
+
+    def failing() -> None:
+        ran.append("failing")
+        raise OSError("release failed")
+
+    scope = DiscoveryScope()
+    scope.defer(lambda: ran.append("first"))
+    scope.defer(failing)
+    scope.defer(lambda: ran.append("last"))
+    with pytest.raises(OSError, match="release failed"):
+        scope.close()
+    assert ran == ["last", "failing", "first"]
+    scope.close()  # nothing left: a second close runs nothing
+    assert ran == ["last", "failing", "first"]

@@ -594,11 +594,11 @@ def test_in_a_discovery_the_pci_scan_is_the_pci_probes(host_root: Path, monkeypa
     """Within collect() the probe takes its PCI functions from what sysfs.pci published instead of
     reading every function's vendor again, and reports the same devices as when it scans alone."""
     from discovery import sysfs_pci
-    from discovery.source import SharedReads
+    from discovery.source import DiscoveryScope
 
     alone = kunlunxin.probe(ProbeContext.at_root(host_root)).data
-    shared = SharedReads()
-    ctx = ProbeContext.at_root(host_root, shared=shared)
+    scope = DiscoveryScope()
+    ctx = ProbeContext.at_root(host_root, scope=scope)
     assert sysfs_pci.probe(ctx).status.state is State.OK
     opened: list[str] = []
     real_read_int = type(ctx.fs).read_int
@@ -616,16 +616,16 @@ def test_in_a_discovery_the_pci_scan_is_the_pci_probes(host_root: Path, monkeypa
 def test_when_the_pci_probe_fails_the_probe_scans_for_itself(host_root: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from discovery import sysfs_pci
-    from discovery.source import SharedReads
+    from discovery.source import DiscoveryScope
 
     def broken(ctx: ProbeContext) -> object:
         raise RuntimeError("bug")
 
     monkeypatch.setattr(sysfs_pci, "_probe", broken)
-    shared = SharedReads()
-    monkeypatch.setattr(SharedReads, "WAIT_S", 0.0)  # a missing publish would return None at once
-    ctx = ProbeContext.at_root(host_root, shared=shared)
+    scope = DiscoveryScope()
+    monkeypatch.setattr(DiscoveryScope, "WAIT_S", 0.0)  # a missing publish would return None at once
+    ctx = ProbeContext.at_root(host_root, scope=scope)
     with pytest.raises(RuntimeError):
         sysfs_pci.probe(ctx)
-    assert shared._pci_ready.is_set() and shared.pci() is None
+    assert scope._pci_ready.is_set() and scope.pci() is None
     assert len(kunlunxin.probe(ctx).data.devices) == 8
