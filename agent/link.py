@@ -103,8 +103,14 @@ class ControllerLink:
             except grpc.aio.AioRpcError as exc:
                 log.info("controller_link_lost", address=self.address, code=exc.code().name,
                          details=exc.details())
-            except (OSError, grpc.RpcError) as exc:  # channel set-up failures
-                log.info("controller_link_lost", address=self.address, error=str(exc))
+            except (OSError, grpc.RpcError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: grpc.aio refuses a write on a call the controller already ended
+                # (it died between our read and our write); that is a lost link like any other.
+                log.info("controller_link_lost", address=self.address, error=repr(exc))
+            except Exception as exc:
+                # The link must outlive anything one session throws: a dead link task would leave the
+                # node silently off the controller until the agent restarts.
+                log.error("controller_link_error", address=self.address, error=repr(exc))
             self._set_state(LinkState.DISCONNECTED)
             if self._stop.is_set():
                 break

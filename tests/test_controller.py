@@ -35,7 +35,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # type:
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.link import Backoff, ControllerLink
+from agent.link import Backoff, ControllerLink, LinkState
 from agent.state import TopologyState
 from controller import cli
 from controller.fleet import (
@@ -687,6 +687,56 @@ def test_the_agents_controller_link_delivers_each_new_generation() -> None:
             await asyncio.wait_for(task, 5)
         await wait_until(lambda: not running.fleet.nodes()[0].connected)
     serve(body)
+
+
+class DyingController(agent_pb2_grpc.ControllerServicer):
+    """A controller that ends its first `dying` streams the way a crashing one does: at once, or right
+    after asking for a snapshot, so the agent's next write meets a call that is already over."""
+
+    def __init__(self, dying: int) -> None:
+        self.dying = dying
+        self.calls = 0
+
+    async def Connect(self, request_iterator: AsyncIterator[apb.AgentMessage],  # noqa: N802 - the RPC's name
+                      context: grpc.aio.ServicerContext[apb.AgentMessage, apb.ControllerMessage],
+                      ) -> AsyncIterator[apb.ControllerMessage]:
+        self.calls += 1
+        if self.calls <= self.dying:
+            if self.calls % 2:
+                await context.abort(SC.UNAVAILABLE, "controller going away")
+            yield apb.ControllerMessage(snapshot_request=apb.SnapshotRequest(reason="unknown node"))
+            await context.abort(SC.UNAVAILABLE, "controller going away")
+        async for _ in request_iterator:
+            yield apb.ControllerMessage(ack=apb.ControllerAck())
+
+
+def test_the_link_outlives_a_controller_that_dies_mid_session() -> None:
+    """Regression: a write on a call the controller had just ended raised InvalidStateError out of
+    ControllerLink.run, and the node stayed off the controller until the agent restarted."""
+    async def main() -> None:
+        controller = DyingController(dying=120)
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_ControllerServicer_to_server(controller, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        state = TopologyState()
+        state.publish(topo(0, "fp-a", name="n1"))
+
+        async def plans(p: planpb.BindingPlan, dry_run: bool) -> planpb.PlanResult:
+            raise AssertionError("no plan is sent")
+
+        link = ControllerLink(f"127.0.0.1:{port}", state, "n1", "boot-1", plans, backoff=Backoff(0.001, 0.002))
+        task = asyncio.create_task(link.run())
+        try:
+            await wait_until(lambda: task.done() or (controller.calls > controller.dying
+                                                     and link.link_state == LinkState.CONNECTED), timeout=30)
+            assert not task.done(), task.exception()
+            assert link.sessions > controller.dying // 2  # every dying session that answered was counted
+        finally:
+            await link.stop()
+            await asyncio.wait_for(task, 5)
+            await server.stop(0)
+    asyncio.run(main())
 
 
 # ---- CLI against a live controller -------------------------------------------------------------------
