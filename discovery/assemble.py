@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from discovery.accelerators import (
     Accelerators,
@@ -443,10 +444,11 @@ def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[
                     node_msgs[n].note = f"MIG placeholder of {rec.id}"
     # Indices per domain, appended to each domain once at the end: in record order either way.
     attached_to: dict[int, list[int]] = {}
+    add = topo.accelerators.add
     for idx, rec in enumerate(accels.records):
         node = by_id.get(rec.numa_node)
         domain = node.domain if node is not None else -1
-        msg = topo.accelerators.add(
+        msg = add(
             index=rec.index, kind=_ACCEL_KIND.get(rec.kind, pb.ACCELERATOR_KIND_OTHER), vendor=rec.vendor,
             model=rec.model, uuid=rec.uuid, bdf=rec.bdf, memory_bytes=rec.memory_bytes, health=rec.health,
             numa_node=rec.numa_node, local_cpus=rec.local_cpus, domain=domain, source=rec.source, id=rec.id,
@@ -621,22 +623,27 @@ def _pci(topo: pb.MemoryTopology, pci: SysPci | None, hw: HwlocPart | None, cpu_
             views[dev.bdf] = view
     # Devices only hwloc knows (XML input): their node is hwloc's locality when it names one CPU node.
     # Sorted from hwloc's order, so that even BDFs that do not parse (they tie) keep one order.
-    for bdf in sorted((b for b in hw_pci if b not in seen), key=bdf_order):
+    add = topo.pci_devices.add
+    for bdf in sorted([b for b in hw_pci if b not in seen], key=bdf_order):
         h = hw_pci[bdf]
         kind = pci_kind(h.vendor_id, h.device_id, h.class_code)
         node = hwloc_pci_node(h, cpu_nodes)
-        p = topo.pci_devices.add(
-            bdf=h.bdf, vendor_id=h.vendor_id, device_id=h.device_id,
-            subsystem_vendor_id=h.subsystem_vendor_id, subsystem_device_id=h.subsystem_device_id,
-            class_code=h.class_code, kind=_KIND[kind], numa_node=node,
-            local_cpus=h.cpuset, local_numa_nodes=h.nodeset,
-            link_speed=f"{h.link_speed_gbps:g} GB/s" if h.link_speed_gbps else "")
+        p = add(bdf=bdf, vendor_id=h.vendor_id, device_id=h.device_id,
+                subsystem_vendor_id=h.subsystem_vendor_id, subsystem_device_id=h.subsystem_device_id,
+                class_code=h.class_code, kind=_KIND[kind], numa_node=node,
+                local_cpus=h.cpuset, local_numa_nodes=h.nodeset, link_speed=_link_speed(h.link_speed_gbps))
         if h.os_devices:
-            p.os_devices.extend(sorted(o.name for o in h.os_devices))
+            p.os_devices.extend(sorted([o.name for o in h.os_devices]))
         view = hwloc_view(h, node, kind, claimed)
         if view is not None:
             views[bdf] = view
     return views
+
+
+@lru_cache(maxsize=64)
+def _link_speed(gbps: float) -> str:
+    """hwloc's per-lane-summed link speed as PciDevice.link_speed text; a handful of distinct values."""
+    return f"{gbps:g} GB/s" if gbps else ""
 
 
 def _cpus_and_allowed(topo: pb.MemoryTopology, numa: SysNuma | None, hw: HwlocPart | None,
