@@ -46,7 +46,8 @@ EMPTY = HwlocPart(
 )
 
 # hwloc reads its configuration from the process environment when a topology is loaded, so two
-# probes loading different roots at once would see each other's variables.
+# probes loading different roots at once would see each other's variables. A topology loaded
+# without plugins is also freed under it (see probe).
 _LOAD_LOCK = threading.Lock()
 
 # Variables that would silently redirect discovery away from the input we were asked to read.
@@ -204,6 +205,7 @@ class _Api:
         self.obj_by_depth.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
         self._type_names: dict[int, str] = {}
         self.library_version = ""
+        self.plugin_blacklist = ",".join(_discovery_plugins(hwlib._hwloc_lib_name))
 
     def type_name(self, obj_type: int) -> str:
         name = self._type_names.get(obj_type)
@@ -212,6 +214,22 @@ class _Api:
             name = raw.decode() if raw else str(obj_type)
             self._type_names[obj_type] = name
         return name
+
+
+def _discovery_plugins(library: str) -> list[str]:
+    """The library's discovery plugins by name (hwloc_cuda, hwloc_nvml, hwloc_pci ...), as
+    HWLOC_PLUGINS_BLACKLIST takes them; XML parser plugins (hwloc_xml_*) are left out."""
+    # pyhwloc points HWLOC_PLUGINS_PATH at its bundled plugins; a system library keeps them beside it.
+    paths = os.environ.get("HWLOC_PLUGINS_PATH") or os.path.join(os.path.dirname(library), "hwloc")
+    names: set[str] = set()
+    for directory in paths.split(":"):
+        try:
+            entries = os.listdir(directory)
+        except OSError:
+            continue
+        names.update(stem for e in entries if (stem := e.removesuffix(".so")) != e
+                     and stem.startswith("hwloc_") and not stem.startswith("hwloc_xml_"))
+    return sorted(names)
 
 
 _API: _Api | None = None
@@ -233,6 +251,14 @@ class _Input:
 
     def describe(self) -> str:
         return self.kind if self.kind == "live" else f"{self.kind} {self.path}"
+
+    @property
+    def needs_plugins(self) -> bool:
+        """Only a live discovery can use a plugin (NVML's GPUs and NVLink matrix, CUDA's memory
+        sizes): an XML export is read by the XML component alone, and a captured root by
+        linux,stop. Loading them anyway (dlopen of libcudart, libnvidia-ml, libpciaccess) and
+        unloading them was two thirds of hwloc's own load of a small XML (bench/discovery.py)."""
+        return self.kind == "live"
 
 
 def _input_of(ctx: ProbeContext) -> _Input:
@@ -304,14 +330,15 @@ def _library_version(api: _Api) -> str:
 
 
 def _load(api: _Api, src: _Input) -> tuple[ctypes.c_void_p, str]:
-    with _LOAD_LOCK:
-        if not api.library_version:
-            # Outside the input's environment: HWLOC_FSROOT would turn the synthetic load into
-            # a Linux discovery of the captured tree.
-            with environment({}):
-                _library_version(api)
-        with environment(src.env):
-            return _new_topology(api, src.path if src.kind == "xml" else None), api.library_version
+    """Called with _LOAD_LOCK held."""
+    if not api.library_version:
+        # Outside the input's environment: HWLOC_FSROOT would turn the synthetic load into
+        # a Linux discovery of the captured tree.
+        with environment({}):
+            _library_version(api)
+    env = src.env if src.needs_plugins else {"HWLOC_PLUGINS_BLACKLIST": api.plugin_blacklist, **src.env}
+    with environment(env):
+        return _new_topology(api, src.path if src.kind == "xml" else None), api.library_version
 
 
 # ---- extraction -------------------------------------------------------------------------------
@@ -764,21 +791,32 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
         status.unavailable(f"hwloc root {src.path}: not a directory")
         return ProbeResult(EMPTY, status.finish())
 
-    try:
-        hdl, version = _load(api, src)
-    except Exception as exc:
-        status.unavailable(f"hwloc load failed ({src.describe()}): {type(exc).__name__}: {exc}")
-        return ProbeResult(EMPTY, status.finish())
+    with _LOAD_LOCK:
+        try:
+            hdl, version = _load(api, src)
+        except Exception as exc:
+            status.unavailable(f"hwloc load failed ({src.describe()}): {type(exc).__name__}: {exc}")
+            return ProbeResult(EMPTY, status.finish())
+        if not src.needs_plugins:
+            # Plugins load with a process's first live topology and stay until its last one is
+            # freed: a plugin-free topology still alive when a live load starts would cost that
+            # load its GPUs. So it is freed before the lock goes, at once (no plugin to unload).
+            return _extract_and_free(api, hdl, version, src, status, partial(_destroy, api, hdl))
+    # Not on a thread of its own (measured: it saved nothing, the assembly slowing by what the free
+    # cost while both ran), but after the discovery's assembly when there is one: unloading the
+    # plugins evicts the assembly's working set.
+    free = partial(_destroy, api, hdl)
+    return _extract_and_free(api, hdl, version, src, status,
+                             partial(ctx.scope.defer, free) if ctx.scope is not None else free)
+
+
+def _extract_and_free(api: _Api, hdl: ctypes.c_void_p, version: str, src: _Input, status: StatusBuilder,
+                      release: Callable[[], None]) -> ProbeResult[HwlocPart]:
     try:
         part = _extract(api, hdl, version, status)
     except Exception as exc:
         status.unavailable(f"hwloc extraction failed ({src.describe()}): {type(exc).__name__}: {exc}")
         return ProbeResult(EMPTY, status.finish())
     finally:
-        # Not on a thread of its own (measured: it saved nothing, the assembly slowing by what the
-        # free cost while both ran), but after the discovery's assembly when there is one.
-        if ctx.scope is not None:
-            ctx.scope.defer(partial(_destroy, api, hdl))
-        else:
-            _destroy(api, hdl)
+        release()
     return ProbeResult(part, status.finish())

@@ -755,13 +755,13 @@ def _recording_destroy(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> No
     monkeypatch.setattr(hwloc, "_destroy", recording)
 
 
-def test_in_a_discovery_the_topology_is_freed_after_the_message_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+def _spy_order(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from discovery import discover as discover_mod
+    from discovery.assemble import assemble as real_assemble
+    from discovery.fingerprint import fingerprint as real_fingerprint
 
     events: list[str] = []
     _recording_destroy(monkeypatch, events)
-    from discovery.assemble import assemble as real_assemble
-    from discovery.fingerprint import fingerprint as real_fingerprint
 
     def assemble(*args: Any, **kw: Any) -> Any:
         events.append("assemble")
@@ -773,9 +773,30 @@ def test_in_a_discovery_the_topology_is_freed_after_the_message_is_built(monkeyp
 
     monkeypatch.setattr(discover_mod, "assemble", assemble)
     monkeypatch.setattr(discover_mod, "fingerprint", fingerprint)
-    topo = discover_mod.discover(ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml"))
+    return events
+
+
+def test_in_a_live_discovery_the_topology_is_freed_after_the_message_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from discovery import discover as discover_mod
+
+    events = _spy_order(monkeypatch)
+    topo = discover_mod.discover(ProbeContext.live())
     assert events == ["assemble", "fingerprint", "destroy"]
-    assert len(topo.pci_devices) == 28 and topo.fingerprint
+    assert topo.domains and topo.fingerprint
+
+
+@pytest.mark.parametrize("ctx", [
+    pytest.param(lambda: ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml"), id="xml"),
+    pytest.param(lambda: ProbeContext.at_root(hwloc_root("nvidiagpunumanodes")), id="fsroot"),
+])
+def test_a_plugin_free_topology_is_freed_before_the_assembly(monkeypatch: pytest.MonkeyPatch,
+                                                             ctx: Any) -> None:
+    from discovery import discover as discover_mod
+
+    events = _spy_order(monkeypatch)
+    topo = discover_mod.discover(ctx())
+    assert events == ["destroy", "assemble", "fingerprint"]
+    assert topo.pci_devices and topo.fingerprint
 
 
 def test_a_discovery_whose_assembly_fails_still_frees_its_topology(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -818,3 +839,80 @@ def test_scope_runs_every_deferred_release_newest_first_even_when_one_raises() -
     assert ran == ["last", "failing", "first"]
     scope.close()  # nothing left: a second close runs nothing
     assert ran == ["last", "failing", "first"]
+
+
+def _mapped_plugins() -> set[str]:
+    """hwloc plugins (hwloc_cuda, hwloc_pci ...) mapped into this process right now."""
+    maps = Path("/proc/self/maps").read_text()
+    return {line.rsplit("/", 1)[1].removesuffix(".so") for line in maps.splitlines()
+            if "/hwloc/hwloc_" in line and line.endswith(".so")}
+
+
+def _spy_plugins(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, set[str]]]:
+    """(input kind, plugins mapped) at each extraction, while the probe's topology is alive."""
+    seen: list[tuple[str, set[str]]] = []
+    real = hwloc._extract_and_free
+
+    def spy(api: Any, hdl: Any, version: str, src: Any, status: Any, release: Any) -> Any:
+        seen.append((src.kind, _mapped_plugins()))
+        return real(api, hdl, version, src, status, release)
+
+    monkeypatch.setattr(hwloc, "_extract_and_free", spy)
+    return seen
+
+
+def test_only_a_live_load_loads_hwloc_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An XML export or a captured root cannot use a plugin; this host's live load loads what it can
+    (hwloc_pci and hwloc_cuda here: no libnvidia-ml, so hwloc_nvml does not load)."""
+    seen = _spy_plugins(monkeypatch)
+    assert hwloc.probe(ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml")).status.state is State.OK
+    assert hwloc.probe(ProbeContext.at_root(hwloc_root("nvidiagpunumanodes"))).status.state is State.OK
+    assert hwloc.probe(ProbeContext.live()).status.state is State.OK
+    assert [kind for kind, _ in seen] == ["xml", "fsroot", "live"]
+    assert seen[0][1] == seen[1][1] == set()
+    assert seen[2][1] and seen[2][1] <= set(hwloc._api().plugin_blacklist.split(","))
+    assert _mapped_plugins() == set()  # and the live topology's free unloaded them
+
+
+@pytest.mark.parametrize("ctx", [
+    pytest.param(lambda env: ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml", hwloc_env=env),
+                 id="nvidiaDGX2.xml"),
+    pytest.param(lambda env: ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "16intel64-manyVFs.xml",
+                                                  hwloc_env=env), id="16intel64-manyVFs.xml"),
+    pytest.param(lambda env: ProbeContext.at_root(hwloc_root("nvidiagpunumanodes"), hwloc_env=env),
+                 id="nvidiagpunumanodes"),
+    pytest.param(lambda env: ProbeContext.at_root(hwloc_root("32em64t-2n8c+dax+nvme+mic+dimms"), hwloc_env=env),
+                 id="32em64t-dax-nvme-mic"),
+])
+def test_plugins_change_nothing_for_an_xml_or_a_captured_root(ctx: Any) -> None:
+    """What the probe skips is what could not have contributed: the same part with every plugin loaded
+    (an empty blacklist from the context's environment wins over the probe's)."""
+    without = hwloc.probe(ctx({}))
+    with_plugins = hwloc.probe(ctx({"HWLOC_PLUGINS_BLACKLIST": ""}))
+    assert without.status.state is State.OK and without.data.pci
+    assert without.data == with_plugins.data
+
+
+def test_a_live_load_beside_plugin_free_ones_still_gets_its_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hwloc loads plugins once per process while any topology lives: a live load that started while
+    a plugin-free topology was alive would run without them (and lose NVML's GPUs)."""
+    seen = _spy_plugins(monkeypatch)
+    hwloc.probe(ProbeContext.live())
+    host_plugins = seen[0][1]
+    if not host_plugins:
+        pytest.skip("no hwloc plugin loads on this host")
+    xml = ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml")
+    root = ProbeContext.at_root(hwloc_root("nvidiagpunumanodes"))
+    contexts = [xml, ProbeContext.live(), root] * 6
+
+    def run(ctx: ProbeContext) -> None:
+        for _ in range(3):
+            hwloc.probe(ctx)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in contexts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    live = [plugins for kind, plugins in seen[1:] if kind == "live"]
+    assert len(live) == 18 and all(plugins == host_plugins for plugins in live)
