@@ -250,20 +250,20 @@ class Agent:
             server, front = await self._start_grpc(plans)
             self.server = server
             self._ready.listening = True
-            tasks.append(asyncio.create_task(self._rescan_loop(ctx)))
+            tasks.append(asyncio.create_task(self._rescan_loop(ctx), name="rescan_loop"))
             if self.embedded_controller is not None:
                 await self._start_embedded_controller(self.embedded_controller)
             self.link = self._start_link(plans)
             if self.link is not None:
-                tasks.append(asyncio.create_task(self.link.run()))
+                tasks.append(asyncio.create_task(self.link.run(), name="controller_link"))
             self.notifier.ready(f"serving generation {self.state.generation}")
             log.info("agent_ready", node=self.config.node_name, generation=self.state.generation,
                      socket=self.socket_path, tcp_port=self.tcp_port,
                      health=self.health_server.url if self.health_server else None,
                      controller=self.config.controller.address or None)
-            await self._tick_until_stopped()
+            failed = await self._tick_until_stopped(tasks)
             await self._shutdown(server, front, plans, tasks, monitor)
-        return EXIT_OK
+        return EXIT_FAILURE if failed else EXIT_OK
 
     async def _start_embedded_controller(self, listen: str) -> None:
         """The main job on one machine: the reference controller in this process, linked over loopback."""
@@ -288,13 +288,29 @@ class Agent:
         self.metrics.observe_plan(result)
         log.info("plan_handled", plan_id=result.plan_id, state=plan_outcome(result), message=result.message)
 
-    async def _tick_until_stopped(self) -> None:
+    async def _tick_until_stopped(self, tasks: list[asyncio.Task[Any]]) -> bool:
+        """Watchdog pings until a stop is requested; True when a background task ended first.
+
+        The rescan loop and the controller link run until stop: one that ends before is a bug, and an
+        agent that kept pinging without it would look healthy while serving a frozen topology or
+        never reaching the controller. It stops instead (exit 1: systemd's Restart=on-failure)."""
         interval = min(TICK_SECONDS, self.notifier.watchdog_interval() or TICK_SECONDS)
-        while not self._stop.is_set():
-            self.liveness.tick()
-            self.notifier.watchdog()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), interval)
+        stopped = asyncio.create_task(self._stop.wait())
+        try:
+            while not self._stop.is_set():
+                ended = [t for t in tasks if t.done()]
+                if ended:
+                    for task in ended:
+                        exc = None if task.cancelled() else task.exception()
+                        log.error("agent_task_ended", task=task.get_name(), error=repr(exc) if exc else None)
+                    self._stop.set()
+                    return True
+                self.liveness.tick()
+                self.notifier.watchdog()
+                await asyncio.wait({stopped, *tasks}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+            return False
+        finally:
+            stopped.cancel()
 
     async def _shutdown(self, server: grpc.aio.Server, front: transport.Front, plans: PlanRunner,
                         tasks: list[asyncio.Task[Any]], monitor: Any) -> None:
