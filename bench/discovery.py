@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from discovery.source import ProbeContext  # noqa: E402
 from tests.fixtures import HWLOC_XML, extracted, hwloc_root  # noqa: E402
 
 # name -> (kind, path); "this host" reads the live root.
@@ -42,32 +43,34 @@ ROOTS: dict[str, tuple[str, str]] = {
 }
 
 
-def _hwloc_load(kind: str, path: str, plugins: bool = True) -> Callable[[], None]:
+def _context(kind: str, path: str) -> ProbeContext:
+    return (ProbeContext.at_root("/", hwloc_xml=Path(path)) if kind == "xml"
+            else ProbeContext.live() if kind == "live" else ProbeContext.at_root(path))
+
+
+def _hwloc_load(ctx: ProbeContext, plugins: bool = True) -> Callable[[], None]:
+    """hwloc alone, in the environment our probe gives this input (with hwloc's default plugins, or
+    without them where our probe leaves them out)."""
     from pyhwloc import Topology
     from pyhwloc.topology import TopologyFlags, TypeFilter
 
-    from discovery.hwloc import _api, environment
+    from discovery.hwloc import _api, _input_of, environment
 
-    env = {"xml": {"HWLOC_MEMTIERS_REFRESH": "1"}, "live": {},
-           "fsroot": {"HWLOC_FSROOT": path, "HWLOC_COMPONENTS": "linux,stop"}}[kind]
-    if not plugins and kind != "live":
-        env = {**env, "HWLOC_PLUGINS_BLACKLIST": _api().plugin_blacklist}
+    src = _input_of(ctx)
+    env = src.env if plugins else src.load_env(_api())
 
     def load() -> None:
         with environment(env):
-            topo = Topology.from_xml_file(path) if kind == "xml" else Topology.from_this_system()
+            topo = Topology.from_xml_file(src.path) if src.kind == "xml" else Topology.from_this_system()
             topo.set_flags(TopologyFlags.INCLUDE_DISALLOWED)
             with topo.set_io_types_filter(TypeFilter.KEEP_ALL):
                 pass
     return load
 
 
-def _discover(kind: str, path: str) -> Callable[[], None]:
+def _discover(ctx: ProbeContext) -> Callable[[], None]:
     from discovery.discover import discover
-    from discovery.source import ProbeContext
 
-    ctx = (ProbeContext.at_root("/", hwloc_xml=Path(path)) if kind == "xml"
-           else ProbeContext.live() if kind == "live" else ProbeContext.at_root(path))
     def run() -> None:
         discover(ctx)
     return run
@@ -101,8 +104,9 @@ def measure_one(name: str, repeat: int) -> dict[str, float]:
         path, kind = str(extracted(REPO / "tests" / "fixtures" / arg / "root.tar.gz")), "fsroot"
     else:
         path = "/"
+    ctx = _context(kind, path)
     base_s, full_s, bare_s = _time_interleaved(
-        [_hwloc_load(kind, path), _discover(kind, path), _hwloc_load(kind, path, plugins=False)], repeat)
+        [_hwloc_load(ctx), _discover(ctx), _hwloc_load(ctx, plugins=False)], repeat)
     base_min, base_med = min(base_s), statistics.median(base_s)
     full_min, full_med = min(full_s), statistics.median(full_s)
     bare_med = statistics.median(bare_s)

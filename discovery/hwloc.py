@@ -260,6 +260,11 @@ class _Input:
         unloading them was two thirds of hwloc's own load of a small XML (bench/discovery.py)."""
         return self.kind == "live"
 
+    def load_env(self, api: _Api) -> Mapping[str, str]:
+        """The environment the load runs under: the input's, and no plugins where none can help
+        (a context's own HWLOC_PLUGINS_BLACKLIST still wins)."""
+        return self.env if self.needs_plugins else {"HWLOC_PLUGINS_BLACKLIST": api.plugin_blacklist, **self.env}
+
 
 def _input_of(ctx: ProbeContext) -> _Input:
     if ctx.hwloc_xml is not None:
@@ -336,8 +341,7 @@ def _load(api: _Api, src: _Input) -> tuple[ctypes.c_void_p, str]:
         # a Linux discovery of the captured tree.
         with environment({}):
             _library_version(api)
-    env = src.env if src.needs_plugins else {"HWLOC_PLUGINS_BLACKLIST": api.plugin_blacklist, **src.env}
-    with environment(env):
+    with environment(src.load_env(api)):
         return _new_topology(api, src.path if src.kind == "xml" else None), api.library_version
 
 
@@ -797,15 +801,15 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
         except Exception as exc:
             status.unavailable(f"hwloc load failed ({src.describe()}): {type(exc).__name__}: {exc}")
             return ProbeResult(EMPTY, status.finish())
+        free = partial(_destroy, api, hdl)
         if not src.needs_plugins:
-            # Plugins load with a process's first live topology and stay until its last one is
-            # freed: a plugin-free topology still alive when a live load starts would cost that
-            # load its GPUs. So it is freed before the lock goes, at once (no plugin to unload).
-            return _extract_and_free(api, hdl, version, src, status, partial(_destroy, api, hdl))
+            # Plugins load with the process's first topology and stay until its last one is freed:
+            # a plugin-free topology still alive when a live load starts would cost that load its
+            # GPUs. So it is freed before the lock goes, at once (no plugin to unload).
+            return _extract_and_free(api, hdl, version, src, status, free)
     # Not on a thread of its own (measured: it saved nothing, the assembly slowing by what the free
     # cost while both ran), but after the discovery's assembly when there is one: unloading the
     # plugins evicts the assembly's working set.
-    free = partial(_destroy, api, hdl)
     return _extract_and_free(api, hdl, version, src, status,
                              partial(ctx.scope.defer, free) if ctx.scope is not None else free)
 
