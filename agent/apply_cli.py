@@ -23,15 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from apply import launch
-from apply.config import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES, ApplyConfig
-from apply.engine import Engine, Hook
-from apply.errors import ApplyError
-from apply.host import Host
-from apply.planio import load_plan, to_json
-from discovery.cpulist import CpuListError, parse_cpulist
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.apply import launch
+from memtopo.apply.config import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES, ApplyConfig
+from memtopo.apply.engine import Engine, Hook
+from memtopo.apply.errors import ApplyError
+from memtopo.apply.host import Host
+from memtopo.apply.planio import load_plan, to_json
+from memtopo.discovery.cpulist import CpuListError, parse_cpulist
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import plan_pb2 as planpb
 
 EXIT_OK = 0

@@ -10,15 +10,15 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from agent.apply_cli import add_commands as add_apply_commands
-from agent.plan_cli import add_commands as add_plan_commands
-from agent.query_cli import add_commands as add_agent_commands
-from agent.render import render, render_links
-from controller.cli import add_commands as add_controller_commands
-from discovery.capture import CaptureError, gather, open_root
-from discovery.discover import discover
-from discovery.record import recordings
-from discovery.source import ProbeContext
+from memtopo.agent.apply_cli import add_commands as add_apply_commands
+from memtopo.agent.plan_cli import add_commands as add_plan_commands
+from memtopo.agent.query_cli import add_commands as add_agent_commands
+from memtopo.agent.render import render, render_links
+from memtopo.controller.cli import add_commands as add_controller_commands
+from memtopo.discovery.capture import CaptureError, gather, open_root
+from memtopo.discovery.discover import discover
+from memtopo.discovery.record import recordings
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 
 EXIT_USAGE = 2

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from apply import cgroups
-from apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
+from memtopo.apply import cgroups
+from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
 
 DEFAULT_CONFIG_PATH = Path("/etc/memtopo/agent.toml")
 # sysexits.h EX_CONFIG; the unit's RestartPreventExitStatus= names it.

@@ -23,12 +23,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from apply.engine import Engine
-from apply.host import Host
-from discovery.capture import open_root
-from discovery.discover import discover
-from discovery.fingerprint import fingerprint
-from discovery.source import ProbeContext
+from memtopo.apply.engine import Engine
+from memtopo.apply.host import Host
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.discover import discover
+from memtopo.discovery.fingerprint import fingerprint
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 
 from . import transport
@@ -269,7 +269,7 @@ class Agent:
         """The main job on one machine: the reference controller in this process, linked over loopback."""
         import dataclasses
 
-        from controller.server import start_controller
+        from memtopo.controller.server import start_controller
 
         self.controller = await start_controller(listen)
         host = listen.rpartition(":")[0] or "127.0.0.1"

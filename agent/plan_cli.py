@@ -33,18 +33,18 @@ from typing import Any, Final, NoReturn
 
 from google.protobuf import json_format
 
-from apply import irqs
-from apply.host import HostFiles
-from apply.journal import plan_hash
-from discovery.capture import CaptureError
-from discovery.discover import discover
-from discovery.source import ProbeContext
-from discovery.sysfs_pci import parse_bdf
+from memtopo.apply import irqs
+from memtopo.apply.host import HostFiles
+from memtopo.apply.journal import plan_hash
+from memtopo.discovery.capture import CaptureError
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
+from memtopo.discovery.sysfs_pci import parse_bdf
+from memtopo.planner import cpu_binding, guest_pci, hccs, place, xpu
+from memtopo.planner.errors import PlanError
+from memtopo.planner.request import MAX_REQUEST_BYTES, as_object, parse_json, reject_unknown
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner import cpu_binding, guest_pci, hccs, place, xpu
-from planner.errors import PlanError
-from planner.request import MAX_REQUEST_BYTES, as_object, parse_json, reject_unknown
 
 EXIT_OK: Final = 0
 EXIT_UNSATISFIABLE: Final = 1
@@ -220,7 +220,7 @@ class Facts:
 @contextmanager
 def _context(root: str | None) -> Iterator[ProbeContext]:
     # agent.cli imports this module to register `plan`, so its context_for is imported when used.
-    from agent.cli import context_for
+    from memtopo.agent.cli import context_for
 
     with context_for(root, None) as ctx:
         yield ctx

@@ -23,8 +23,8 @@ import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from apply.errors import ApplyError
-from apply.planio import to_json
+from memtopo.apply.errors import ApplyError
+from memtopo.apply.planio import to_json
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb

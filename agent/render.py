@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from discovery.accelerators import pair_links
-from discovery.cpulist import format_cpulist
+from memtopo.discovery.accelerators import pair_links
+from memtopo.discovery.cpulist import format_cpulist
 from memtopo.v1 import topology_pb2 as pb
 
 # Above this many domains the pairwise link table is summarised: 64 nodes make 2016 pairs.

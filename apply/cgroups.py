@@ -13,10 +13,10 @@ import select
 import weakref
 from dataclasses import dataclass
 
-from apply.host import HostFiles
-from discovery.hostfs import HostReadError
-from discovery.proc_allowed import MOUNTINFO, cgroup_mounts
-from discovery.source import ProbeContext, StatusBuilder
+from memtopo.apply.host import HostFiles
+from memtopo.discovery.hostfs import HostReadError
+from memtopo.discovery.proc_allowed import MOUNTINFO, cgroup_mounts
+from memtopo.discovery.source import ProbeContext, StatusBuilder
 
 # v1 with the usual "cpuset." prefix, v1 mounted with noprefix (or the old cpuset fs), v2.
 _V1 = ("cpuset.cpus", "cpuset.mems", "cpuset.effective_cpus", "cpuset.effective_mems")

@@ -29,11 +29,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from apply.errors import HostWriteError, KernelCallError, PathEscapeError
-from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from discovery.hostfs import RECORD_CHUNK, HostFS, HostReadError
-from discovery.proc_allowed import ProcCgroups, parse_proc_cgroup
-from discovery.runner import Runner, SubprocessRunner
+from memtopo.apply.errors import HostWriteError, KernelCallError, PathEscapeError
+from memtopo.discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.discovery.hostfs import RECORD_CHUNK, HostFS, HostReadError
+from memtopo.discovery.proc_allowed import ProcCgroups, parse_proc_cgroup
+from memtopo.discovery.runner import Runner, SubprocessRunner
 
 Ids = tuple[int, ...]
 

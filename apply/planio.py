@@ -7,7 +7,7 @@ import json
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from apply.errors import PlanFormatError
+from memtopo.apply.errors import PlanFormatError
 from memtopo.v1 import plan_pb2 as planpb
 
 MAX_PLAN_BYTES = 16 << 20

@@ -40,9 +40,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent import plan_cli  # noqa: E402
-from planner import cpu_binding, hccs, xpu  # noqa: E402
-from planner.examples_hccs_xpu import hccs_example_fleet, xpu_example_fleet  # noqa: E402
+from memtopo.agent import plan_cli  # noqa: E402
+from memtopo.planner import cpu_binding, hccs, xpu  # noqa: E402
+from memtopo.planner.examples_hccs_xpu import hccs_example_fleet, xpu_example_fleet  # noqa: E402
 
 WARMUP = 3
 TARGET_MS = 50.0

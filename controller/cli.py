@@ -31,15 +31,15 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from agent import plan_cli
-from agent.apply_cli import OK_STATES, read_plan
-from agent.apply_cli import render as render_result
-from agent.config import is_loopback
-from agent.render import render as render_topology
-from agent.render import table
-from apply.errors import ApplyError
-from apply.planio import to_json as result_json
-from controller.server import (
+from memtopo.agent import plan_cli
+from memtopo.agent.apply_cli import OK_STATES, read_plan
+from memtopo.agent.apply_cli import render as render_result
+from memtopo.agent.config import is_loopback
+from memtopo.agent.render import render as render_topology
+from memtopo.agent.render import table
+from memtopo.apply.errors import ApplyError
+from memtopo.apply.planio import to_json as result_json
+from memtopo.controller.server import (
     DEFAULT_LISTEN,
     DEFAULT_PLAN_TIMEOUT_S,
     MAX_MESSAGE_BYTES,
@@ -50,10 +50,10 @@ from controller.server import (
     serve_until_signalled,
     server_credentials,
 )
+from memtopo.planner import fleet as fleet_policies
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
-from planner import fleet as fleet_policies
 
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
@@ -246,7 +246,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
     topo = _call(args, "GetNodeTopology", apb.GetNodeTopologyRequest(node_name=args.node))
     if args.format == "json":
         # Imported here: agent.cli registers these commands, so a top-level import would be circular.
-        from agent.cli import to_json
+        from memtopo.agent.cli import to_json
 
         sys.stdout.write(to_json(topo) + "\n")
     else:

@@ -26,8 +26,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
-from agent.config import AddressError, is_loopback, parse_host_port
-from controller.fleet import (
+from memtopo.agent.config import AddressError, is_loopback, parse_host_port
+from memtopo.controller.fleet import (
     Ack,
     Fleet,
     FleetFullError,
@@ -37,11 +37,11 @@ from controller.fleet import (
     Reply,
     RequestSnapshot,
 )
+from memtopo.planner.fleet import FleetNode, decide_json
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner.fleet import FleetNode, decide_json
 
 log = structlog.get_logger()
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from discovery.parts import AccelDevice, AcceleratorPart, HwlocOsDevice, HwlocPart, HwlocPci, Ids, PciInfo
-from discovery.pci_ids import classify
-from discovery.sysfs_pci import bdf_sort_key
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, HwlocOsDevice, HwlocPart, HwlocPci, Ids, PciInfo
+from memtopo.discovery.pci_ids import classify
+from memtopo.discovery.sysfs_pci import bdf_sort_key
 from memtopo.v1 import topology_pb2 as pb
 
 _KIND = {"GPU": pb.ACCELERATOR_KIND_GPU, "NPU": pb.ACCELERATOR_KIND_NPU, "XPU": pb.ACCELERATOR_KIND_XPU}

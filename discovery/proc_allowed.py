@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from discovery.cpulist import CpuListError, parse_cpulist
-from discovery.hostfs import HostReadError
-from discovery.parts import Allowed, Ids
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.cpulist import CpuListError, parse_cpulist
+from memtopo.discovery.hostfs import HostReadError
+from memtopo.discovery.parts import Allowed, Ids
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 
 SOURCE = "proc.allowed"
 

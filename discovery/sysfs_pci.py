@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 
-from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
-from discovery.hostfs import HostFS, HostReadError
-from discovery.parts import Ids, MdevInfo, PciInfo, SysPci
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.cpulist import CpuListError, parse_cpulist, parse_mask
+from memtopo.discovery.hostfs import HostFS, HostReadError
+from memtopo.discovery.parts import Ids, MdevInfo, PciInfo, SysPci
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 
 SOURCE = "sysfs.pci"
 

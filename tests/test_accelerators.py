@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.render import link_word, render_links
-from discovery.accelerators import pair_links, path_class
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.agent.render import link_word, render_links
+from memtopo.discovery.accelerators import pair_links, path_class
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_XML, hwloc_root, hwloc_test_env
 from tests.sysfs_tree import Link, write_tree

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import config as cfgmod
-from agent.config import (
+from memtopo.agent import config as cfgmod
+from memtopo.agent.config import (
     EXIT_CONFIG,
     AddressError,
     AgentConfig,
@@ -26,7 +26,7 @@ from agent.config import (
     parse_config,
     parse_host_port,
 )
-from apply.config import ApplyConfig
+from memtopo.apply.config import ApplyConfig
 from tests.fixtures import REPO
 
 EXAMPLE = REPO / "systemd" / "agent.toml"

@@ -20,13 +20,13 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import agent.cli
-from agent import plan_cli
-from apply.planio import load_plan
-from discovery.capture import open_root
-from discovery.cpulist import parse_cpulist
-from discovery.discover import discover
-from discovery.source import ProbeContext
+import memtopo.agent.cli
+from memtopo.agent import plan_cli
+from memtopo.apply.planio import load_plan
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.cpulist import parse_cpulist
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import extracted
@@ -273,7 +273,7 @@ def test_several_running_npus_need_npu() -> None:
 def test_pid_finds_its_npu_and_its_irqs_from_discovery(monkeypatch: pytest.MonkeyPatch,
                                                       a3_topology: pb.MemoryTopology) -> None:
     # npu-smi lists pid 100005 on NPU 5 (README of the A3 fixture: pids 100000 + logical id).
-    from planner.cpu_binding import NpuIrqs
+    from memtopo.planner.cpu_binding import NpuIrqs
     fake_discovery(monkeypatch, a3_topology, {5: NpuIrqs(sq=(700,), cq=(701,))})
     rc, doc = run(["plan", "cpu-binding", "--request", "-", "--pid", "100005", "--emit", "plan"], "{}")
     assert rc == 0
@@ -294,8 +294,8 @@ def test_plan_options_need_pid(extra: tuple[str, str]) -> None:
 
 
 def test_npu_irqs_read_msi_vectors_by_action_name(tmp_path: Path) -> None:
-    from apply.host import HostFiles
-    from discovery.hostfs import HostFS
+    from memtopo.apply.host import HostFiles
+    from memtopo.discovery.hostfs import HostFS
     bdf = "0000:c1:00.0"
     for irq, action in ((96, "sq_send_trigger_irq"), (97, "cq_update_irq"), (98, "other_irq")):
         (tmp_path / f"sys/bus/pci/devices/{bdf}/msi_irqs").mkdir(parents=True, exist_ok=True)
@@ -542,7 +542,7 @@ def test_usage_errors_are_json_on_stdout(argv: list[str]) -> None:
 def test_internal_errors_are_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(obj: Any) -> Any:
         raise KeyError("oops")
-    monkeypatch.setattr("planner.xpu.parse_request", boom)
+    monkeypatch.setattr("memtopo.planner.xpu.parse_request", boom)
     rc, doc = plan("xpu", {})
     code, message = error_of(doc)
     assert (rc, code) == (3, "internal") and "KeyError" in message and "please report" in message
@@ -553,26 +553,26 @@ def _register_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``agent.cli`` know ``plan`` if agent/cli.py does not register it yet (the lead's hook)."""
     def subparsers(parser: argparse.ArgumentParser) -> list[Any]:
         return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if any("plan" in a.choices for a in subparsers(agent.cli.build_parser())):
+    if any("plan" in a.choices for a in subparsers(memtopo.agent.cli.build_parser())):
         return
-    original = agent.cli.build_parser
+    original = memtopo.agent.cli.build_parser
 
     def build() -> argparse.ArgumentParser:
         parser = original()
         for action in subparsers(parser):
             plan_cli.add_commands(action)
         return parser
-    monkeypatch.setattr(agent.cli, "build_parser", build)
+    monkeypatch.setattr(memtopo.agent.cli, "build_parser", build)
 
 
 def memtopo_main(monkeypatch: pytest.MonkeyPatch, argv: Sequence[str], stdin: str = "") -> tuple[int, str]:
-    """``agent.cli.main(argv)`` with ``stdin``; (exit status, stdout text)."""
+    """``memtopo.agent.cli.main(argv)`` with ``stdin``; (exit status, stdout text)."""
     _register_plan(monkeypatch)
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("sys.stdin", io.StringIO(stdin))
         mp.setattr("sys.stdout", out)
-        rc = agent.cli.main(list(argv))
+        rc = memtopo.agent.cli.main(list(argv))
     return rc, out.getvalue()
 
 

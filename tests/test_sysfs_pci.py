@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import sysfs_pci
-from discovery.cpulist import parse_cpulist
-from discovery.parts import PciInfo, SysPci
-from discovery.pci_ids import classify
-from discovery.source import ProbeContext, ProbeResult, State
+from memtopo.discovery import sysfs_pci
+from memtopo.discovery.cpulist import parse_cpulist
+from memtopo.discovery.parts import PciInfo, SysPci
+from memtopo.discovery.pci_ids import classify
+from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from tests.fixtures import HWLOC_XML, hwloc_root, lab_root
 from tests.sysfs_tree import Dir, Link, write_tree
 
