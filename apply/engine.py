@@ -36,7 +36,7 @@ from memtopo.apply.host import Host
 from memtopo.apply.journal import JournalState, JournalWriter, StateStore, plan_hash
 from memtopo.apply.undo import Outcome, UndoOp, restore_all
 from memtopo.apply.validate import Validation, validate
-from memtopo.discovery.hostfs import HostReadError
+from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 

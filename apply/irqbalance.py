@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from memtopo.apply.errors import ApplyError
 from memtopo.apply.host import HostFiles, Procs
-from memtopo.discovery.hostfs import HostReadError
+from memtopo.hostfs import HostReadError
 
 NAME = "irqbalance"
 SOCKET_DIRS = ("run/irqbalance", "var/run/irqbalance")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtopo.apply.host import HostFiles, Ids
-from memtopo.discovery.hostfs import HostReadError
+from memtopo.hostfs import HostReadError
 
 INTERRUPTS = "proc/interrupts"
 # Far above the kernel's NR_IRQS on any machine; refuses "IRQ 4294967295" before touching a path.

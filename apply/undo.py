@@ -21,8 +21,8 @@ from typing import Any, Literal
 from memtopo.apply import irqbalance
 from memtopo.apply.errors import ApplyError, HostWriteError, KernelCallError
 from memtopo.apply.host import Host, Ids
-from memtopo.discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from memtopo.discovery.hostfs import HostReadError
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.hostfs import HostReadError
 
 FileKind = Literal["list", "text", "partition", "subtree"]
 

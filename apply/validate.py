@@ -24,9 +24,9 @@ from memtopo.apply import cgroups, irqs
 from memtopo.apply.cgroups import Hierarchy
 from memtopo.apply.config import ApplyConfig
 from memtopo.apply.host import Host, Ids
-from memtopo.discovery.cpulist import MAX_ID, format_cpulist
-from memtopo.discovery.hostfs import HostReadError
-from memtopo.discovery.sysfs_pci import parse_bdf
+from memtopo.cpulist import MAX_ID, format_cpulist
+from memtopo.hostfs import HostReadError
+from memtopo.pci import parse_bdf
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
 from memtopo.discovery.accelerators import (
     Accelerators,
     PciView,
@@ -25,7 +26,6 @@ from memtopo.discovery.accelerators import (
     vendor_bdfs,
 )
 from memtopo.discovery.accelerators import build as build_accelerators
-from memtopo.discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
 from memtopo.discovery.parts import (
     AcceleratorPart,
     Allowed,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from memtopo.discovery.hostfs import HostReadError
 from memtopo.discovery.parts import Identity
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostReadError
 
 SOURCE = "host.identity"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 from memtopo.discovery import ascend, kunlunxin, nvidia
-from memtopo.discovery.runner import RECORDED_TOOLS_DIR, run_all
 from memtopo.discovery.source import RECORDED_NVML, ProbeContext
+from memtopo.runner import RECORDED_TOOLS_DIR, run_all
 
 RECORDED_COMMANDS: tuple[tuple[str, ...], ...] = (*ascend.RECORDED_COMMANDS, *kunlunxin.RECORDED_COMMANDS)
 

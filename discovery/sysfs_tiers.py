@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from memtopo.discovery.cpulist import CpuListError, parse_cpulist
-from memtopo.discovery.hostfs import HostReadError
+from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.discovery.parts import KernelTier, SysTiers
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostReadError
 
 SOURCE = "sysfs.memory_tiers"
 

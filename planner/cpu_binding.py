@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from memtopo.discovery.cpulist import format_cpulist
+from memtopo.cpulist import format_cpulist
 from memtopo.planner.errors import PlanError
 from memtopo.planner.request import (
     as_object,

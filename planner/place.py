@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memtopo.discovery.accelerators import pair_links
-from memtopo.discovery.cpulist import format_cpulist
+from memtopo.cpulist import format_cpulist
+from memtopo.links import pair_links
 from memtopo.planner.errors import PlanError
 from memtopo.planner.request import as_object, check_plan_target, get_bool, get_int, get_str, reject_unknown
 from memtopo.v1 import plan_pb2 as planpb

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn, Protocol
 
-from memtopo.discovery.cpulist import CpuListError, parse_cpulist
+from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.planner.errors import PlanError
 
 # A 10,000-node fleet request is about 1 MB; far above any real request, far below memory trouble.

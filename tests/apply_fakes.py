@@ -25,9 +25,9 @@ from pathlib import Path
 from memtopo.apply.config import ApplyConfig
 from memtopo.apply.engine import Engine, Hook
 from memtopo.apply.host import Affinities, Host, HostFiles, Ids
-from memtopo.discovery.cpulist import format_cpulist, parse_cpulist
-from memtopo.discovery.hostfs import HostFS
-from memtopo.discovery.runner import ToolResult
+from memtopo.cpulist import format_cpulist, parse_cpulist
+from memtopo.hostfs import HostFS
+from memtopo.runner import ToolResult
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 

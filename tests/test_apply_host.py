@@ -36,8 +36,8 @@ from memtopo.apply.undo import (
     from_json,
     to_json,
 )
-from memtopo.discovery.hostfs import HostFS
-from memtopo.discovery.proc_allowed import parse_proc_cgroup
+from memtopo.hostfs import HostFS
+from memtopo.mounts import parse_proc_cgroup
 from tests.sysfs_tree import write_tree
 
 # ---- write confinement -----------------------------------------------------------------------------

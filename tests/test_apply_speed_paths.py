@@ -41,7 +41,7 @@ from memtopo.apply.undo import (
     tid_runs,
     to_json,
 )
-from memtopo.discovery.hostfs import HostFS, HostReadError
+from memtopo.hostfs import HostFS, HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import ONLINE_CPUS, FakeFiles, FakeMachine, cpuset, irq, machine, plan, threads
 
@@ -314,7 +314,7 @@ _WATCH_SCRIPT = r"""
 import os, subprocess, sys
 from memtopo.apply.cgroups import HierarchyCache, MountWatch
 from memtopo.apply.host import HostFiles
-from memtopo.discovery.hostfs import HostFS
+from memtopo.hostfs import HostFS
 files = HostFiles(HostFS.at("/"))
 watch = MountWatch(files)
 cache = HierarchyCache(files)

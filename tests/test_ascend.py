@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import ascend
 from memtopo.discovery.ascend import (
     ARGV_INFO,
@@ -39,10 +40,9 @@ from memtopo.discovery.ascend import (
     topo_affinity,
 )
 from memtopo.discovery.capture import open_root
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.discovery.parts import AcceleratorPart
-from memtopo.discovery.runner import DEFAULT_TIMEOUT_S, RECORDED_TOOLS_DIR, RecordedRunner, ToolResult
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
+from memtopo.runner import DEFAULT_TIMEOUT_S, RECORDED_TOOLS_DIR, RecordedRunner, ToolResult
 from tests.fixtures import SHARED
 
 ASCEND = SHARED / "fixtures" / "ascend"

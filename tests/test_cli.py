@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from memtopo.agent.cli import main
+from memtopo.cli.main import main
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery.capture import CaptureError, open_root
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_XML, LAB_CAPTURES, REPO
 
-MEMTOPO = [sys.executable, "-m", "memtopo.agent.cli"]
+MEMTOPO = [sys.executable, "-m", "memtopo.cli"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

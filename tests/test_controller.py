@@ -37,7 +37,8 @@ from hypothesis import strategies as st
 
 from memtopo.agent.link import Backoff, ControllerLink, LinkState
 from memtopo.agent.state import TopologyState
-from memtopo.controller import cli
+from memtopo.cli import controller as cli
+from memtopo.cli.main import main as memtopo_main
 from memtopo.controller.fleet import (
     RESULTS_PER_NODE,
     Ack,
@@ -811,7 +812,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str], events: Events 
     """The CLI's exit code, stdout and stderr; the controller's log events (its thread logs to the
     same stdout) are diverted into ``events``."""
     with structlog.testing.capture_logs() as logs:
-        rc = cli.main(argv)
+        rc = memtopo_main(["controller", *argv])
     if events is not None:
         events.extend(logs)
     out, err = capsys.readouterr()
@@ -834,7 +835,7 @@ def test_cli_nodes_table_and_json(live: Background, capsys: pytest.CaptureFixtur
 
 def test_cli_topology_text_and_json(live: Background, capsys: pytest.CaptureFixture[str],
                                     real_topology: pb.MemoryTopology) -> None:
-    from memtopo.agent.render import render
+    from memtopo.cli.render import render
 
     rc, out, _ = run_cli(["topology", "gpu-1", "--addr", live.addr], capsys)
     assert rc == 0 and out == render(real_topology)
@@ -847,7 +848,7 @@ def test_cli_topology_text_and_json(live: Background, capsys: pytest.CaptureFixt
 
 
 def test_cli_submit_and_result(live: Background, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from memtopo.apply.planio import to_json
+    from memtopo.protojson import to_json
 
     ok = tmp_path / "ok.json"
     ok.write_text(to_json(plan("cli-ok")))
@@ -913,7 +914,8 @@ def test_cli_serve_process_stops_cleanly_on_sigterm(capsys: pytest.CaptureFixtur
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "memtopo.controller.cli", "serve", "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "controller", "serve",
+                             "--listen", f"127.0.0.1:{port}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import hwloc
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.discovery.parts import HwlocPart, HwlocPci
 from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import HWLOC_LINUX, HWLOC_XML, hwloc_root, hwloc_test_env, lab_root

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import kunlunxin
 from memtopo.discovery.capture import open_root
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.discovery.kunlunxin import (
     AsymmetricLink,
     XpuSmiError,
@@ -33,8 +33,8 @@ from memtopo.discovery.kunlunxin import (
     strict_bdf as normalize_bdf,
 )
 from memtopo.discovery.parts import AcceleratorPart, AccelLink
-from memtopo.discovery.runner import DEFAULT_TIMEOUT_S, RecordedRunner, Runner, ToolResult
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
+from memtopo.runner import DEFAULT_TIMEOUT_S, RecordedRunner, Runner, ToolResult
 from tests.fixtures import SHARED
 from tests.sysfs_tree import write_tree
 

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import nvidia
 from memtopo.discovery.capture import open_root
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.discovery.nvidia import (
     CALLS,
     NumaStatus,
@@ -38,7 +38,7 @@ from memtopo.discovery.nvidia import (
 )
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
-from memtopo.discovery.sysfs_pci import normalize_bdf
+from memtopo.pci import normalize_bdf
 from tests.fixtures import hwloc_root
 from tests.strategies import json_like
 from tests.synth import fixture_files, tree

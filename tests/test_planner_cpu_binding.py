@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memtopo.discovery.cpulist import format_cpulist, parse_cpulist
+from memtopo.cpulist import format_cpulist, parse_cpulist
 from memtopo.planner.cpu_binding import (
     CpuBindingDecision,
     CpuBindingRequest,

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memtopo.discovery.discover import discover
-from memtopo.discovery.runner import RecordedRunner, ToolResult
 from memtopo.discovery.source import ProbeContext
 from memtopo.planner import fleet, hccs, xpu
 from memtopo.planner.errors import PlanError
+from memtopo.runner import RecordedRunner, ToolResult
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import SHARED, extracted
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import proc_allowed
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.discovery.parts import Allowed
 from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import hwloc_root, lab_root

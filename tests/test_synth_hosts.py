@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from memtopo.discovery.discover import discover
-from memtopo.discovery.runner import RecordedRunner, ToolResult
 from memtopo.discovery.source import ProbeContext
+from memtopo.runner import RecordedRunner, ToolResult
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import extracted
 

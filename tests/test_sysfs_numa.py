@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import sysfs_numa
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.discovery.parts import SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import HWLOC_LINUX, LAB_CAPTURES, hwloc_root, lab_root

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import sysfs_tiers
-from memtopo.discovery.cpulist import parse_cpulist
 from memtopo.discovery.parts import SysTiers
 from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import LAB_CAPTURES, hwloc_root, lab_root

@@ -14,7 +14,7 @@ from memtopo.apply.config import ApplyConfig
 from memtopo.apply.errors import ApplyError
 from memtopo.apply.host import Host
 from memtopo.apply.undo import UndoOp
-from memtopo.discovery.cpulist import format_cpulist
+from memtopo.cpulist import format_cpulist
 from memtopo.v1 import plan_pb2 as planpb
 
 # Values the steps of one fsync group expect earlier steps of the group to leave: ("tid", n) →

@@ -17,8 +17,8 @@ from memtopo.apply.actions.base import ActionError, Applied, Overlay, Prepared, 
 from memtopo.apply.errors import HostWriteError
 from memtopo.apply.undo import AttachUndo, FileUndo, MkdirUndo, UndoOp
 from memtopo.apply.validate import CpusetTarget, ProcRef
-from memtopo.discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from memtopo.discovery.hostfs import HostReadError
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 
 _HINTS = {

@@ -16,8 +16,8 @@ from memtopo.apply.errors import HostWriteError, errno_name
 from memtopo.apply.host import cpulist, cpulist_text
 from memtopo.apply.undo import BanUndo, FileUndo, ServiceUndo, UndoOp
 from memtopo.apply.validate import IrqTarget
-from memtopo.discovery.cpulist import CpuListError
-from memtopo.discovery.hostfs import HostReadError
+from memtopo.cpulist import CpuListError
+from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 
 _UNMOVABLE = (errno.EIO, errno.EPERM)
