@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from memtopo.apply import launch
     from memtopo.apply.engine import Engine, Hook
     from memtopo.v1 import plan_pb2 as planpb
+    from memtopo.v1 import topology_pb2 as pb
 
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
@@ -107,19 +108,25 @@ def _pause_hook() -> Hook | None:
     return hook
 
 
+def live_topology() -> pb.MemoryTopology:
+    """This host's topology, discovered when the engine first asks for it (not for a stored result)."""
+    from memtopo.discovery.discover import discover
+    from memtopo.discovery.source import ProbeContext
+
+    return discover(ProbeContext.live())
+
+
 def _engine(args: argparse.Namespace) -> Engine:
     from memtopo.apply.config import ApplyConfig
     from memtopo.apply.engine import Engine
     from memtopo.apply.host import Host
-    from memtopo.discovery.discover import discover
-    from memtopo.discovery.source import ProbeContext
 
     overrides: dict[str, Any] = {}
     if getattr(args, "irqbalance", None):
         overrides["irqbalance"] = args.irqbalance
     if getattr(args, "cgroup_prefix", None):
         overrides["cgroup_prefixes"] = tuple(args.cgroup_prefix)
-    return Engine(Host.live(), lambda: discover(ProbeContext.live()), _state_dir(args), ApplyConfig(**overrides),
+    return Engine(Host.live(), live_topology, _state_dir(args), ApplyConfig(**overrides),
                   hook=_pause_hook())
 
 

@@ -171,7 +171,7 @@ def test_dry_run_of_a_real_process(monkeypatch: pytest.MonkeyPatch, a3: A3, chil
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(doc["plan"]))
     # apply validates against the topology it discovers; here that is the A3 host the plan was made for.
-    monkeypatch.setattr(memtopo.cli.apply, "discover", lambda ctx: a3.topology)
+    monkeypatch.setattr(memtopo.cli.apply, "live_topology", lambda: a3.topology)
     before = {tid: os.sched_getaffinity(tid) for tid in child.tids.values()}
     rc, text = memtopo_main(monkeypatch, ["apply", str(plan_file), "--dry-run", "--state-dir", str(tmp_path / "state"),
                                      "--format", "json"])
