@@ -7,23 +7,21 @@ import argparse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from google.protobuf import json_format
 
-from memtopo.apply import irqs
-from memtopo.apply.host import HostFiles
-from memtopo.apply.journal import plan_hash
 from memtopo.cli.plan import InvalidRootError, UsageError
-from memtopo.discovery.capture import CaptureError
-from memtopo.discovery.discover import discover
-from memtopo.discovery.source import ProbeContext
 from memtopo.pci import parse_bdf
 from memtopo.planner import cpu_binding, guest_pci, hccs, place, xpu
 from memtopo.planner.errors import PlanError
 from memtopo.planner.request import as_object, reject_unknown
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
+
+if TYPE_CHECKING:
+    from memtopo.apply.host import HostFiles
+    from memtopo.discovery.source import ProbeContext
 
 CPU_BINDING_KEYS: Final = ("device_type", "allowed_cpus", "running_npus", "total_logic_npus", "topo_affinity",
                            "numa_cpus")
@@ -71,6 +69,10 @@ def _context(root: str | None) -> Iterator[ProbeContext]:
 
 def discover_facts(root: str | None, with_irqs: bool = False) -> Facts:
     """Discovery of ``root`` (None: this host); with the NPUs' IRQs when a plan will bind them."""
+    from memtopo.apply.host import HostFiles
+    from memtopo.discovery.capture import CaptureError
+    from memtopo.discovery.discover import discover
+
     try:
         with _context(root) as ctx:
             topo = discover(ctx)
@@ -84,6 +86,8 @@ def npu_irqs(files: HostFiles, topo: pb.MemoryTopology) -> dict[int, cpu_binding
     """Each NPU's SQ and CQ IRQs: its PCI function's ``msi_irqs`` whose action is
     ``sq_send_trigger_irq`` / ``cq_update_irq`` (notes cpu_binding §A.10, without its CQ = SQ + 1
     guess). NPUs without such vectors are left out, so the plan falls back as the planner decides."""
+    from memtopo.apply import irqs
+
     table: dict[int, irqs.IrqLine] | None = None
     out: dict[int, cpu_binding.NpuIrqs] = {}
     for acc in topo.accelerators:
@@ -182,6 +186,8 @@ def default_plan_id(plan: planpb.BindingPlan, subject: str) -> str:
     """``<policy>-<subject>-<12 hex of the content>`` (subject ``pid<P>-npu<N>``, ``pid<P>``):
     planning the same thing again gives the same id, which apply answers from its store; a different
     plan gets a different id instead of a clash."""
+    from memtopo.apply.journal import plan_hash
+
     anonymous = planpb.BindingPlan()
     anonymous.CopyFrom(plan)
     anonymous.plan_id = ""
