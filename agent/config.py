@@ -11,7 +11,6 @@ default (a test keeps both in step with this module).
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import math
 import os
 import re
@@ -22,8 +21,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from apply import cgroups
-from apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
+from memtopo.addresses import AddressError, is_loopback, parse_host_port
+from memtopo.apply import cgroups
+from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
+from memtopo.text import excerpt
 
 DEFAULT_CONFIG_PATH = Path("/etc/memtopo/agent.toml")
 # sysexits.h EX_CONFIG; the unit's RestartPreventExitStatus= names it.
@@ -135,70 +136,10 @@ class ConfigError(Exception):
         return f"{self.source}: {self.reason}"
 
 
-class AddressError(ValueError):
-    """A network address that is not ``host:port``."""
-
-
-# --- addresses ---------------------------------------------------------------------------------
-
-_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-
-
-def _valid_hostname(host: str) -> bool:
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in host.removesuffix(".").split("."))
-
-
-def parse_host_port(s: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` → (host without brackets, port 0-65535). A host is an IPv4 or
-    IPv6 address or a DNS name; unbracketed IPv6 is refused because its last group reads as a port."""
-    if s.startswith("["):
-        host, sep, rest = s[1:].partition("]")
-        if not sep or not rest.startswith(":"):
-            raise AddressError(f"{_show(s)}: expected [IPv6]:PORT")
-        port_text = rest[1:]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise AddressError(f"{_show(s)}: {_show(host)} is not an IPv6 address") from None
-    else:
-        host, sep, port_text = s.rpartition(":")
-        if not sep:
-            raise AddressError(f"{_show(s)}: expected HOST:PORT")
-        if ":" in host:
-            raise AddressError(f"{_show(s)}: an IPv6 address needs brackets: [{host}]:{port_text}")
-        if not host:
-            raise AddressError(f"{_show(s)}: no host (0.0.0.0:PORT or [::]:PORT for every interface)")
-        if not _valid_hostname(host):
-            raise AddressError(f"{_show(s)}: {_show(host)} is not a host name or address")
-    # isdecimal() also takes other scripts' digits, which int() would accept.
-    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) or int(port_text) > 65535:
-        raise AddressError(f"{_show(s)}: port {_show(port_text)} is not a number 0-65535")
-    return host, int(port_text)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether traffic to ``address`` stays on this host: ``unix:`` targets, ``localhost``,
-    127.0.0.0/8 and ::1 (also IPv4-mapped), with or without a port. Other names are not resolved:
-    a name can point anywhere, so it is not loopback."""
-    if address.startswith("unix:"):
-        return True
-    try:
-        host, _ = parse_host_port(address)
-    except AddressError:
-        host = address[1:-1] if address.startswith("[") and address.endswith("]") else address
-    if host.lower().removesuffix(".") == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
-
-
 # --- reading TOML tables -----------------------------------------------------------------------
+
+# A URL-style scheme ("http:", "dns:") where HOST:PORT was expected.
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 
 _TOML_TYPES = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "table"}
 
@@ -210,10 +151,6 @@ def _type_name(value: object) -> str:
             return name
     return type(value).__name__  # datetime, date, time
 
-
-def _show(value: object, limit: int = 60) -> str:
-    text = repr(value) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Table:
@@ -240,7 +177,7 @@ class _Table:
         value = self.data.get(name, default)
         # bool is an int subclass: a boolean must not pass as a number.
         if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
-            raise self.error(name, f"expected {what}, got {_type_name(value)} {_show(value)}")
+            raise self.error(name, f"expected {what}, got {_type_name(value)} {excerpt(value)}")
         return value
 
     def table(self, name: str, known: Iterable[str]) -> _Table:
@@ -267,20 +204,20 @@ class _Table:
         if not math.isfinite(seconds):
             raise self.error(name, f"must be a finite number of seconds, got {seconds}")
         if seconds < 0 or (seconds == 0 and not zero_ok):
-            raise self.error(name, f"must be {'≥ 0' if zero_ok else '> 0'} seconds, got {_show(value)}")
+            raise self.error(name, f"must be {'≥ 0' if zero_ok else '> 0'} seconds, got {excerpt(value)}")
         return seconds
 
     def choice[T: str](self, name: str, default: T, choices: tuple[T, ...]) -> T:
         value = self.string(name, default)
         if value not in choices:
-            raise self.error(name, f"{_show(value)!r} is not one of {', '.join(choices)}")
+            raise self.error(name, f"{excerpt(value)!r} is not one of {', '.join(choices)}")
         return value
 
     def strings(self, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self._get(name, list(default), list, "an array of strings")
         for item in value:
             if not isinstance(item, str):
-                raise self.error(name, f"expected an array of strings, it holds {_type_name(item)} {_show(item)}")
+                raise self.error(name, f"expected an array of strings, it holds {_type_name(item)} {excerpt(item)}")
         return tuple(value)
 
     def path(self, name: str, default: str) -> str:
@@ -288,7 +225,7 @@ class _Table:
         directory is /, elsewhere it is wherever the agent was started."""
         text = self.string(name, default)
         if text and not text.startswith("/"):
-            raise self.error(name, f"{_show(text)} is not an absolute path")
+            raise self.error(name, f"{excerpt(text)} is not an absolute path")
         return text
 
     def required_path(self, name: str, default: str) -> str:
@@ -322,7 +259,7 @@ def _keys(cls: type[Any]) -> tuple[str, ...]:
 def _node_name(t: _Table) -> str:
     name = t.string("node_name", "") or _hostname()
     if not name or len(name) > 253 or not name.isprintable() or any(c.isspace() for c in name):
-        raise t.error("node_name", f"{_show(name)} is not a usable node name (1-253 printable characters, "
+        raise t.error("node_name", f"{excerpt(name)} is not a usable node name (1-253 printable characters, "
                                    "no spaces)")
     return name
 
@@ -351,11 +288,11 @@ def _listen(t: _Table) -> ListenConfig:
         raise t.error("socket_mode", "write the mode as an octal string, like \"0660\"")
     mode_text = t.string("socket_mode", f"0{d.socket_mode:o}")
     if not re.fullmatch(r"0?[0-7]{3}", mode_text):
-        raise t.error("socket_mode", f"{_show(mode_text)} is not an octal mode like \"0660\" (a string, "
+        raise t.error("socket_mode", f"{excerpt(mode_text)} is not an octal mode like \"0660\" (a string, "
                                      "no setuid/setgid/sticky bits)")
     group = t.string("socket_group", d.socket_group)
     if group and not _GROUP_NAME.fullmatch(group):
-        raise t.error("socket_group", f"{_show(group)} is not a group name or numeric id")
+        raise t.error("socket_group", f"{excerpt(group)} is not a group name or numeric id")
     tcp = t.listen_address("tcp", d.tcp)
     cfg = ListenConfig(socket=sock, socket_mode=int(mode_text, 8), socket_group=group, tcp=tcp,
                        read_socket=read_sock,
@@ -384,7 +321,7 @@ def _controller_address(t: _Table, default: str) -> str:
         if path.startswith("//"):
             path = path[2:]
         if not path.startswith("/"):
-            raise t.error("address", f"{_show(value)}: a unix: address needs an absolute path "
+            raise t.error("address", f"{excerpt(value)}: a unix: address needs an absolute path "
                                      "(unix:/PATH or unix:///PATH)")
         return value
     try:
@@ -396,7 +333,7 @@ def _controller_address(t: _Table, default: str) -> str:
                                      "or unix:PATH") from None
         raise t.error("address", str(exc)) from None
     if port == 0:
-        raise t.error("address", f"{_show(value)}: port 0 cannot be dialled")
+        raise t.error("address", f"{excerpt(value)}: port 0 cannot be dialled")
     return value
 
 
@@ -405,7 +342,7 @@ def _controller(t: _Table) -> ControllerConfig:
     address = _controller_address(t, d.address)
     insecure = t.boolean("insecure", d.insecure)
     if insecure and address and not is_loopback(address):
-        raise t.error("insecure", f"plaintext is only allowed to a loopback address, not {_show(address)}")
+        raise t.error("insecure", f"plaintext is only allowed to a loopback address, not {excerpt(address)}")
     cfg = ControllerConfig(
         address=address, insecure=insecure,
         tls_ca=t.path("tls_ca", d.tls_ca), tls_cert=t.path("tls_cert", d.tls_cert),
@@ -461,7 +398,7 @@ def parse_config(text: str, source: str) -> AgentConfig:
     except (ValueError, RecursionError) as exc:
         # tomllib lets these through: an integer over Python's 4300-digit conversion limit, and
         # arrays nested deeper than the interpreter's recursion limit.
-        raise ConfigError("", f"not usable TOML: {type(exc).__name__}: {_show(str(exc), 120)}", source) from None
+        raise ConfigError("", f"not usable TOML: {type(exc).__name__}: {excerpt(str(exc), 120)}", source) from None
     top = _Table(data, "", source, _TOP_KEYS)
     d = AgentConfig(node_name="")
     return AgentConfig(

@@ -17,18 +17,18 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from apply.engine import Engine
-from apply.host import Host
-from discovery.capture import open_root
-from discovery.discover import discover
-from discovery.fingerprint import fingerprint
-from discovery.source import ProbeContext
+from memtopo.apply.engine import Engine
+from memtopo.apply.host import Host
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.discover import discover
+from memtopo.discovery.fingerprint import fingerprint
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 
 from . import transport
@@ -58,12 +58,21 @@ class _Readiness:
     checks: dict[str, str] = field(default_factory=dict)
 
 
+class Sidecar(Protocol):
+    """A controller started in the agent's process (``serve --with-controller``), which the agent links
+    to over loopback; the command line provides it, so the agent never imports the controller."""
+
+    async def start(self) -> str:
+        """Starts it; the loopback address the agent's link dials."""
+
+    async def stop(self) -> None: ...
+
+
 class Agent:
     def __init__(self, config: AgentConfig, notifier: Notifier | None = None,
-                 embedded_controller: str | None = None) -> None:
+                 sidecar: Sidecar | None = None) -> None:
         self.config = config
-        self.embedded_controller = embedded_controller
-        self.controller: Any = None
+        self.sidecar = sidecar
         self.notifier = notifier or Notifier.from_environment()
         self.state = TopologyState()
         self.metrics = AgentMetrics()
@@ -251,8 +260,8 @@ class Agent:
             self.server = server
             self._ready.listening = True
             tasks.append(asyncio.create_task(self._rescan_loop(ctx), name="rescan_loop"))
-            if self.embedded_controller is not None:
-                await self._start_embedded_controller(self.embedded_controller)
+            if self.sidecar is not None:
+                await self._start_sidecar(self.sidecar)
             self.link = self._start_link(plans)
             if self.link is not None:
                 tasks.append(asyncio.create_task(self.link.run(), name="controller_link"))
@@ -265,15 +274,10 @@ class Agent:
             await self._shutdown(server, front, plans, tasks, monitor)
         return EXIT_FAILURE if failed else EXIT_OK
 
-    async def _start_embedded_controller(self, listen: str) -> None:
-        """The main job on one machine: the reference controller in this process, linked over loopback."""
+    async def _start_sidecar(self, sidecar: Sidecar) -> None:
         import dataclasses
 
-        from controller.server import start_controller
-
-        self.controller = await start_controller(listen)
-        host = listen.rpartition(":")[0] or "127.0.0.1"
-        address = f"{host}:{self.controller.port}"
+        address = await sidecar.start()
         self.config = dataclasses.replace(self.config, controller=dataclasses.replace(
             self.config.controller, address=address, insecure=True))
         log.info("embedded_controller_started", address=address)
@@ -329,8 +333,8 @@ class Agent:
         await asyncio.gather(*tasks, return_exceptions=True)
         await server.stop(grace=2.0)  # answers in flight still pass through the front
         await front.stop()
-        if self.controller is not None:
-            await self.controller.stop(1.0)
+        if self.sidecar is not None:
+            await self.sidecar.stop()
         if self.health_server is not None:
             self.health_server.stop()
         log.info("agent_stopped")

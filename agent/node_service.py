@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from apply.engine import Engine
+from memtopo.apply.engine import Engine
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import plan_pb2 as planpb
 

@@ -54,7 +54,8 @@ from typing import Final, Protocol
 
 import grpc
 
-from .config import AddressError, parse_host_port
+from memtopo.addresses import AddressError, parse_host_port
+
 from .logs import get_logger
 
 log = get_logger(component="transport")

@@ -13,10 +13,9 @@ import select
 import weakref
 from dataclasses import dataclass
 
-from apply.host import HostFiles
-from discovery.hostfs import HostReadError
-from discovery.proc_allowed import MOUNTINFO, cgroup_mounts
-from discovery.source import ProbeContext, StatusBuilder
+from memtopo.apply.host import HostFiles
+from memtopo.hostfs import HostReadError
+from memtopo.mounts import MOUNTINFO, cgroup_mounts
 
 # v1 with the usual "cpuset." prefix, v1 mounted with noprefix (or the old cpuset fs), v2.
 _V1 = ("cpuset.cpus", "cpuset.mems", "cpuset.effective_cpus", "cpuset.effective_mems")
@@ -76,11 +75,10 @@ class Hierarchy:
 
 def detect(files: HostFiles, forced_version: int = 0) -> Hierarchy | str:
     """The cpuset hierarchy, or why there is none usable."""
-    sb = StatusBuilder("apply.cgroup")
-    mounts = cgroup_mounts(ProbeContext(files.fs), sb)
+    mounts, problems = cgroup_mounts(files.fs)
     if not mounts:
-        problems = "; ".join(sb.reasons)
-        return f"no cgroup mount in the mount table{': ' + problems if problems else ''}"
+        why = "; ".join(str(p) for p in problems)
+        return f"no cgroup mount in the mount table{': ' + why if why else ''}"
     v1 = next((m for m in mounts if m.fstype == "cpuset"
                or (m.fstype == "cgroup" and "cpuset" in m.options)), None)
     v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)

@@ -27,16 +27,16 @@ from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from apply import cgroups, irqbalance
-from apply.actions import ActionError, ActionSkipError, Overlay, Prepared, RunContext, Step, make_step
-from apply.cgroups import Hierarchy
-from apply.config import ApplyConfig
-from apply.errors import PlanNotFoundError, StateError
-from apply.host import Host
-from apply.journal import JournalState, JournalWriter, StateStore, plan_hash
-from apply.undo import Outcome, UndoOp, restore_all
-from apply.validate import Validation, validate
-from discovery.hostfs import HostReadError
+from memtopo.apply import cgroups, irqbalance
+from memtopo.apply.actions import ActionError, ActionSkipError, Overlay, Prepared, RunContext, Step, make_step
+from memtopo.apply.cgroups import Hierarchy
+from memtopo.apply.config import ApplyConfig
+from memtopo.apply.errors import PlanNotFoundError, StateError
+from memtopo.apply.host import Host
+from memtopo.apply.journal import JournalState, JournalWriter, StateStore, plan_hash
+from memtopo.apply.undo import Outcome, UndoOp, restore_all
+from memtopo.apply.validate import Validation, validate
+from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 

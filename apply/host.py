@@ -5,12 +5,12 @@ Three parts, all replaceable in tests:
 * :class:`Kernel`: the system calls (thread affinity, memory policy, page migration). The real one
   is :class:`LinuxKernel`; tests use a fake that records calls and fails on demand.
 * :class:`HostFiles`: reads and writes under a filesystem root (``/`` live, a fake tree in tests).
-  Reads go through :class:`discovery.hostfs.HostFS`; writes are confined to a few prefixes (the
+  Reads go through :class:`memtopo.hostfs.HostFS`; writes are confined to a few prefixes (the
   cgroup mount, ``proc/irq``) and refuse ``..``, absolute paths and symlinks that leave them.
   Subclasses override only the primitives ``_write``/``_write_read``/``_mkdir``/``_rmdir`` to
   emulate a kernel filesystem; the checks stay here (one overriding ``_write`` alone gets its
   write-then-read as a write through it and a separate read).
-* a :class:`discovery.runner.Runner` for the one tool the engine may run (``systemctl``).
+* a :class:`memtopo.runner.Runner` for the one tool the engine may run (``systemctl``).
 
 :class:`Procs` reads process state (``/proc/PID/…``) through the same root.
 """
@@ -29,11 +29,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from apply.errors import HostWriteError, KernelCallError, PathEscapeError
-from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from discovery.hostfs import RECORD_CHUNK, HostFS, HostReadError
-from discovery.proc_allowed import ProcCgroups, parse_proc_cgroup
-from discovery.runner import Runner, SubprocessRunner
+from memtopo.apply.errors import HostWriteError, KernelCallError, PathEscapeError
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.hostfs import RECORD_CHUNK, HostFS, HostReadError
+from memtopo.mounts import ProcCgroups, parse_proc_cgroup
+from memtopo.runner import Runner, SubprocessRunner
 
 Ids = tuple[int, ...]
 

@@ -20,9 +20,9 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from apply.errors import ApplyError
-from apply.host import HostFiles, Procs
-from discovery.hostfs import HostReadError
+from memtopo.apply.errors import ApplyError
+from memtopo.apply.host import HostFiles, Procs
+from memtopo.hostfs import HostReadError
 
 NAME = "irqbalance"
 SOCKET_DIRS = ("run/irqbalance", "var/run/irqbalance")

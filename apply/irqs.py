@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apply.host import HostFiles, Ids
-from discovery.hostfs import HostReadError
+from memtopo.apply.host import HostFiles, Ids
+from memtopo.hostfs import HostReadError
 
 INTERRUPTS = "proc/interrupts"
 # Far above the kernel's NR_IRQS on any machine; refuses "IRQ 4294967295" before touching a path.

@@ -40,8 +40,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from apply.errors import StateError
-from apply.undo import UndoFormatError, UndoOp, from_json, to_json
+from memtopo.apply.errors import StateError
+from memtopo.apply.undo import UndoFormatError, UndoOp, from_json, to_json
 from memtopo.v1 import plan_pb2 as planpb
 
 JOURNAL_SUFFIX = ".journal.jsonl"

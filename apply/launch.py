@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from apply.errors import KernelCallError, LaunchError
-from apply.host import MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED, HostFiles, Ids, Kernel
-from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from discovery.hostfs import HostReadError
+from memtopo.apply.errors import KernelCallError, LaunchError
+from memtopo.apply.host import MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED, HostFiles, Ids, Kernel
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.hostfs import HostReadError
 
 _MODES = {"local": MPOL_LOCAL, "interleave": MPOL_INTERLEAVE, "preferred": MPOL_PREFERRED, "bind": MPOL_BIND}
 _NAMES = {v: k for k, v in _MODES.items()}

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 from google.protobuf import json_format
-from google.protobuf.message import Message
 
-from apply.errors import PlanFormatError
+from memtopo.apply.errors import PlanFormatError
 from memtopo.v1 import plan_pb2 as planpb
 
 MAX_PLAN_BYTES = 16 << 20
@@ -29,7 +28,3 @@ def load_plan(text: str | bytes) -> planpb.BindingPlan:
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
         raise PlanFormatError(f"not a BindingPlan: {exc}") from exc
     return plan
-
-
-def to_json(msg: Message) -> str:
-    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=2)

@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from apply import irqbalance
-from apply.errors import ApplyError, HostWriteError, KernelCallError
-from apply.host import Host, Ids
-from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from discovery.hostfs import HostReadError
+from memtopo.apply import irqbalance
+from memtopo.apply.errors import ApplyError, HostWriteError, KernelCallError
+from memtopo.apply.host import Host, Ids
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.hostfs import HostReadError
 
 FileKind = Literal["list", "text", "partition", "subtree"]
 

@@ -20,13 +20,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from apply import cgroups, irqs
-from apply.cgroups import Hierarchy
-from apply.config import ApplyConfig
-from apply.host import Host, Ids
-from discovery.cpulist import MAX_ID, format_cpulist
-from discovery.hostfs import HostReadError
-from discovery.sysfs_pci import parse_bdf
+from memtopo.apply import cgroups, irqs
+from memtopo.apply.cgroups import Hierarchy
+from memtopo.apply.config import ApplyConfig
+from memtopo.apply.host import Host, Ids
+from memtopo.cpulist import MAX_ID, format_cpulist
+from memtopo.hostfs import HostReadError
+from memtopo.pci import parse_bdf
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 

@@ -174,7 +174,8 @@ class AgentProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config.write_text(self.spec.config_text(self.workdir, self.health_port))
         profile = ["-m", "cProfile", "-o", str(self.spec.profile_to)] if self.spec.profile_to else []
-        self._proc = _Drained([sys.executable, *profile, "-m", "agent.cli", "serve", "--config", str(self.config)],
+        self._proc = _Drained([sys.executable, *profile, "-m", "memtopo.cli", "serve",
+                               "--config", str(self.config)],
                               self._env, None)
         deadline = time.monotonic() + START_TIMEOUT_S
         while self.http("/readyz")[0] != 200:
@@ -249,7 +250,8 @@ class ControllerProcess:
         return self._proc.pid
 
     def start(self) -> None:
-        self._proc = _Drained([sys.executable, "-m", "agent.cli", "controller", "serve", "--listen", self.address],
+        self._proc = _Drained([sys.executable, "-m", "memtopo.cli", "controller", "serve",
+                               "--listen", self.address],
                               None, self._on_line)
         deadline = time.monotonic() + START_TIMEOUT_S
         with grpc.insecure_channel(self.address) as ch:

@@ -79,14 +79,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from apply import cgroups  # noqa: E402
-from apply.config import ApplyConfig  # noqa: E402
-from apply.engine import Engine  # noqa: E402
-from apply.host import Host, HostFiles, LinuxKernel, parse_numa_maps  # noqa: E402
-from discovery.cpulist import format_cpulist  # noqa: E402
-from discovery.discover import discover  # noqa: E402
-from discovery.hostfs import HostFS  # noqa: E402
-from discovery.source import ProbeContext  # noqa: E402
+from memtopo.apply import cgroups  # noqa: E402
+from memtopo.apply.config import ApplyConfig  # noqa: E402
+from memtopo.apply.engine import Engine  # noqa: E402
+from memtopo.apply.host import Host, HostFiles, LinuxKernel, parse_numa_maps  # noqa: E402
+from memtopo.cpulist import format_cpulist  # noqa: E402
+from memtopo.discovery.discover import discover  # noqa: E402
+from memtopo.discovery.source import ProbeContext  # noqa: E402
+from memtopo.hostfs import HostFS  # noqa: E402
 from memtopo.v1 import plan_pb2 as planpb  # noqa: E402
 from memtopo.v1 import topology_pb2 as pb  # noqa: E402
 from tests.apply_fakes import FakeIrq, cpuset, irq, migrate, plan, threads, write_root  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from discovery.source import ProbeContext  # noqa: E402
+from memtopo.discovery.source import ProbeContext  # noqa: E402
 from tests.fixtures import HWLOC_XML, extracted, hwloc_root  # noqa: E402
 
 # name -> (kind, path); "this host" reads the live root.
@@ -54,7 +54,7 @@ def _hwloc_load(ctx: ProbeContext, plugins: bool = True) -> Callable[[], None]:
     from pyhwloc import Topology
     from pyhwloc.topology import TopologyFlags, TypeFilter
 
-    from discovery.hwloc import _api, _input_of, environment
+    from memtopo.discovery.hwloc import _api, _input_of, environment
 
     src = _input_of(ctx)
     env = src.env if plugins else src.load_env(_api())
@@ -69,7 +69,7 @@ def _hwloc_load(ctx: ProbeContext, plugins: bool = True) -> Callable[[], None]:
 
 
 def _discover(ctx: ProbeContext) -> Callable[[], None]:
-    from discovery.discover import discover
+    from memtopo.discovery.discover import discover
 
     def run() -> None:
         discover(ctx)

@@ -35,8 +35,8 @@ import grpc  # noqa: E402
 import psutil  # type: ignore[import-untyped, unused-ignore]  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]  # noqa: E402
 
-from discovery.discover import discover  # noqa: E402
-from discovery.source import ProbeContext  # noqa: E402
+from memtopo.discovery.discover import discover  # noqa: E402
+from memtopo.discovery.source import ProbeContext  # noqa: E402
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402
 from memtopo.v1 import agent_pb2_grpc  # noqa: E402
 from memtopo.v1 import topology_pb2 as pb  # noqa: E402
@@ -106,7 +106,7 @@ class Agent:
 async def run(args: argparse.Namespace, topo: pb.MemoryTopology) -> dict[str, float]:
     port = _free_port()
     addr = f"127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "serve", "--listen", addr], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "controller", "serve", "--listen", addr], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     channels: list[grpc.aio.Channel] = []

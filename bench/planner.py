@@ -40,9 +40,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent import plan_cli  # noqa: E402
-from planner import cpu_binding, hccs, xpu  # noqa: E402
-from planner.examples_hccs_xpu import hccs_example_fleet, xpu_example_fleet  # noqa: E402
+from memtopo.cli.main import main as cli_main  # noqa: E402
+from memtopo.planner import cpu_binding, hccs, xpu  # noqa: E402
+from memtopo.planner.examples_hccs_xpu import hccs_example_fleet, xpu_example_fleet  # noqa: E402
 
 WARMUP = 3
 TARGET_MS = 50.0
@@ -108,7 +108,7 @@ def cli_rows(nodes: int, repeat: int) -> list[Row]:
 
             def run(policy: str = policy, path: Path = path) -> None:
                 with contextlib.redirect_stdout(io.StringIO()):
-                    if plan_cli.main(["plan", policy, "--request", str(path)]) != 0:
+                    if cli_main(["plan", policy, "--request", str(path)]) != 0:
                         raise AssertionError(f"memtopo plan {policy} failed")
             rows.append(_row(f"memtopo plan {policy} --request FILE ({nodes:,} nodes, JSON to JSON)", run, repeat,
                              nodes, "node", None))

@@ -26,8 +26,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
-from agent.config import AddressError, is_loopback, parse_host_port
-from controller.fleet import (
+from memtopo.addresses import AddressError, is_loopback, parse_host_port
+from memtopo.controller.defaults import DEFAULT_PLAN_TIMEOUT_S, MAX_MESSAGE_BYTES, MAX_PLAN_TIMEOUT_S
+from memtopo.controller.fleet import (
     Ack,
     Fleet,
     FleetFullError,
@@ -37,21 +38,16 @@ from controller.fleet import (
     Reply,
     RequestSnapshot,
 )
+from memtopo.planner.fleet import FleetNode, decide_json
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner.fleet import FleetNode, decide_json
 
 log = structlog.get_logger()
 
-DEFAULT_LISTEN = "127.0.0.1:9470"
-DEFAULT_PLAN_TIMEOUT_S = 30
-MAX_PLAN_TIMEOUT_S = 3600
 # Plans are operator actions, few at a time; beyond this a node's link is not keeping up.
 MAX_PLANS_IN_FLIGHT = 64
-# A 64-node host's topology is a few hundred KiB; leave room for large accelerator fleets.
-MAX_MESSAGE_BYTES = 64 << 20
 
 SERVICE_NAMES = tuple(apb.DESCRIPTOR.services_by_name[s].full_name for s in ("Controller", "ControllerAdmin"))
 

@@ -15,14 +15,14 @@ between them), PXB (several switches, same root port), PHB (through the host bri
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from discovery.parts import AccelDevice, AcceleratorPart, HwlocOsDevice, HwlocPart, HwlocPci, Ids, PciInfo
-from discovery.pci_ids import classify
-from discovery.sysfs_pci import bdf_sort_key
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, HwlocOsDevice, HwlocPart, HwlocPci, Ids, PciInfo
+from memtopo.discovery.pci_ids import classify
+from memtopo.pci import bdf_sort_key
 from memtopo.v1 import topology_pb2 as pb
 
 _KIND = {"GPU": pb.ACCELERATOR_KIND_GPU, "NPU": pb.ACCELERATOR_KIND_NPU, "XPU": pb.ACCELERATOR_KIND_XPU}
@@ -360,23 +360,6 @@ def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tu
                         if (a, b) not in have:
                             links.append(Link(a, b, "NV", min(key[0], other[0]), int(min(key[1], other[1])), "hwloc"))
     return links, fabrics
-
-
-def pair_links(topo: pb.MemoryTopology) -> Iterator[tuple[str, str, pb.AcceleratorLink]]:
-    """Every accelerator pair's link(s) as ``(a, b, link)``, switched fabrics expanded: what a reader
-    of the message (the link matrix, the placement policy) means by "the link between a and b".
-    Fabric pairs come first, then accelerator_links in order; a pair may appear more than once."""
-    for g in topo.accelerator_groups:
-        if not g.link_kind:
-            continue
-        link = pb.AcceleratorLink(kind=g.link_kind, count=g.link_count, bandwidth_mbps=g.bandwidth_mbps,
-                                  source=g.source)
-        members = list(g.members)
-        for x, a in enumerate(members):
-            for b in members[x + 1:]:
-                yield a, b, link
-    for lk in topo.accelerator_links:
-        yield lk.a, lk.b, lk
 
 
 def _pci_links(records: Sequence[Record], views: Mapping[str, PciView], have: set[tuple[str, str]],

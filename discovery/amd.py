@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from discovery.hostfs import HostFS, HostReadError
-from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
-from discovery.pci_ids import VENDOR_AMD
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
+from memtopo.discovery.pci_ids import VENDOR_AMD
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostFS, HostReadError
 
 SOURCE = "amd.kfd"
 

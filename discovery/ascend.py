@@ -33,11 +33,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from discovery.cpulist import CpuListError, parse_cpulist
-from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
-from discovery.runner import ToolResult, run_all
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from discovery.sysfs_pci import normalize_bdf
+from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.pci import normalize_bdf
+from memtopo.runner import ToolResult, run_all
 
 SOURCE = "npu-smi"
 

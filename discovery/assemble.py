@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from discovery.accelerators import (
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.discovery.accelerators import (
     Accelerators,
     PciView,
     Record,
@@ -24,9 +25,8 @@ from discovery.accelerators import (
     sysfs_view,
     vendor_bdfs,
 )
-from discovery.accelerators import build as build_accelerators
-from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from discovery.parts import (
+from memtopo.discovery.accelerators import build as build_accelerators
+from memtopo.discovery.parts import (
     AcceleratorPart,
     Allowed,
     CxlDecoderInfo,
@@ -42,7 +42,7 @@ from discovery.parts import (
     SysPci,
     SysTiers,
 )
-from discovery.source import ProbeResult, SourceStatus, State
+from memtopo.discovery.source import ProbeResult, SourceStatus, State
 from memtopo.v1 import topology_pb2 as pb
 
 # hwloc's own rule for calling memory HBM from bandwidth: more than twice the DRAM figure.

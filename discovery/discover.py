@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from discovery import (
+from memtopo.discovery import (
     amd,
     ascend,
     hwloc,
@@ -22,10 +22,10 @@ from discovery import (
     sysfs_pci,
     sysfs_tiers,
 )
-from discovery.assemble import Parts, assemble
-from discovery.fingerprint import fingerprint
-from discovery.parts import AcceleratorPart, HwlocPart
-from discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State
+from memtopo.discovery.assemble import Parts, assemble
+from memtopo.discovery.fingerprint import fingerprint
+from memtopo.discovery.parts import AcceleratorPart, HwlocPart
+from memtopo.discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State
 from memtopo.v1 import topology_pb2 as pb
 
 

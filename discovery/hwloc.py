@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache, partial
 from typing import Any
 
-from discovery.parts import (
+from memtopo.discovery.parts import (
     HwlocDistances,
     HwlocMemattrValue,
     HwlocNode,
@@ -36,7 +36,7 @@ from discovery.parts import (
     HwlocPci,
     Ids,
 )
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 
 SOURCE = "hwloc"
 

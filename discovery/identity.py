@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from discovery.hostfs import HostReadError
-from discovery.parts import Identity
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.parts import Identity
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostReadError
 
 SOURCE = "host.identity"
 

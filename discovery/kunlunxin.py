@@ -20,13 +20,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from discovery.cpulist import CpuListError, parse_cpulist
-from discovery.hostfs import HostReadError
-from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
-from discovery.pci_ids import VENDOR_KUNLUNXIN, classify
-from discovery.runner import Runner, ToolResult, run_all
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from discovery.sysfs_pci import PCI_DEVICES, normalize_bdf
+from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
+from memtopo.discovery.pci_ids import VENDOR_KUNLUNXIN, classify
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.sysfs_pci import PCI_DEVICES
+from memtopo.hostfs import HostReadError
+from memtopo.pci import normalize_bdf
+from memtopo.runner import Runner, ToolResult, run_all
 
 SOURCE = "xpu-smi"
 

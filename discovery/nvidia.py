@@ -76,12 +76,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from discovery import sysfs_numa
-from discovery.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist
-from discovery.hostfs import HostReadError
-from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysNuma
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from discovery.sysfs_pci import bdf_sort_key, normalize_bdf
+from memtopo.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist
+from memtopo.discovery import sysfs_numa
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysNuma
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostReadError
+from memtopo.pci import bdf_sort_key, normalize_bdf
 
 SOURCE = "nvidia"
 

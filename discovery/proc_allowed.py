@@ -6,19 +6,16 @@ table; mount points are host-absolute and are read under the root like everythin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from discovery.cpulist import CpuListError, parse_cpulist
-from discovery.hostfs import HostReadError
-from discovery.parts import Allowed, Ids
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.discovery.parts import Allowed, Ids
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostReadError
+from memtopo.mounts import Mount, cgroup_mounts, parse_proc_cgroup
 
 SOURCE = "proc.allowed"
 
 STATUS = "proc/self/status"
 CGROUP = "proc/self/cgroup"
-MOUNTINFO = "proc/self/mountinfo"
-MOUNTS = "proc/mounts"
 # Legacy single-line cpuset path; the only cgroup file some captures (hwloc's) have.
 SELF_CPUSET = "proc/self/cpuset"
 CPU_ONLINE = "sys/devices/system/cpu/online"
@@ -31,14 +28,6 @@ _LEGACY_FILES = ("effective_cpus", "effective_mems", "cpus", "mems")
 _V2_FILES = ("cpuset.cpus.effective", "cpuset.mems.effective", "", "")
 
 EMPTY = Allowed(cpus=(), mems=(), cgroup_version=0, cgroup_path="", effective_cpus=(), effective_mems=())
-
-
-@dataclass(frozen=True)
-class _Mount:
-    mount_point: str  # host-absolute
-    root: str  # the hierarchy path mounted there ("/" unless bind-mounted or namespaced)
-    fstype: str
-    options: frozenset[str]
 
 
 def probe(ctx: ProbeContext) -> ProbeResult[Allowed]:
@@ -97,73 +86,6 @@ def _status(ctx: ProbeContext, sb: StatusBuilder) -> tuple[Ids | None, Ids | Non
     return found["Cpus_allowed_list"], found["Mems_allowed_list"]
 
 
-def cgroup_mounts(ctx: ProbeContext, sb: StatusBuilder) -> list[_Mount]:
-    """cgroup/cgroup2/cpuset mounts, from mountinfo (which has the mount root) or /proc/mounts."""
-    try:
-        text = ctx.fs.read_text(MOUNTINFO)
-    except HostReadError as exc:
-        if exc.reason != "missing":
-            sb.problem(exc)
-    else:
-        out: list[_Mount] = []
-        for line in text.split("\n"):
-            # id parent major:minor root mount-point options [optional...] - fstype source super-options
-            head, sep, tail = line.partition(" - ")
-            fields, rest = head.split(), tail.split()
-            if not sep or len(fields) < 5 or len(rest) < 2:
-                continue
-            if rest[0] in ("cgroup", "cgroup2", "cpuset"):
-                opts = rest[2].split(",") if len(rest) > 2 else []
-                out.append(_Mount(_unescape(fields[4]), _unescape(fields[3]), rest[0], frozenset(opts)))
-        return out
-    try:
-        text = ctx.fs.read_text(MOUNTS)
-    except HostReadError as exc:
-        sb.problem(exc)
-        return []
-    out = []
-    for line in text.split("\n"):
-        # source mount-point fstype options dump pass
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] in ("cgroup", "cgroup2", "cpuset"):
-            out.append(_Mount(_unescape(fields[1]), "/", fields[2], frozenset(fields[3].split(","))))
-    return out
-
-
-def _unescape(field: str) -> str:
-    """The kernel writes space, tab, newline and backslash in mount paths as octal escapes."""
-    if "\\" not in field:
-        return field
-    for esc, ch in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(esc, ch)
-    return field
-
-
-@dataclass(frozen=True)
-class ProcCgroups:
-    """A process's cgroup paths from ``/proc/PID/cgroup``: the v1 cpuset line and the v2 line."""
-
-    v1_cpuset: str | None
-    v2: str | None
-
-
-def parse_proc_cgroup(text: str) -> ProcCgroups:
-    v1: str | None = None
-    v2: str | None = None
-    for line in text.split("\n"):
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hier, controllers, path = parts
-        # A task whose cgroup was removed shows "<path> (deleted)".
-        path = path.removesuffix(" (deleted)")
-        if hier == "0" and controllers == "":
-            v2 = path
-        elif "cpuset" in controllers.split(","):
-            v1 = path
-    return ProcCgroups(v1, v2)
-
-
 def _self_cgroups(ctx: ProbeContext, sb: StatusBuilder) -> tuple[str | None, str | None]:
     """(v1 cpuset path, v2 path) from /proc/self/cgroup; falls back to /proc/self/cpuset for both."""
     try:
@@ -187,7 +109,9 @@ def _self_cgroups(ctx: ProbeContext, sb: StatusBuilder) -> tuple[str | None, str
 
 def _cgroup(ctx: ProbeContext, sb: StatusBuilder) -> tuple[int, str, Ids | None, Ids | None]:
     """(version, cpuset cgroup path, effective cpus, effective mems); None for an unknown set."""
-    mounts = cgroup_mounts(ctx, sb)
+    mounts, problems = cgroup_mounts(ctx.fs)
+    for problem in problems:
+        sb.problem(problem)
     v1_path, v2_path = _self_cgroups(ctx, sb)
     v1 = next((m for m in mounts if m.fstype == "cpuset"
                or (m.fstype == "cgroup" and "cpuset" in m.options)), None)
@@ -216,7 +140,7 @@ def _cgroup(ctx: ProbeContext, sb: StatusBuilder) -> tuple[int, str, Ids | None,
     return 0, v1_path or v2_path or "", None, None
 
 
-def _effective(ctx: ProbeContext, sb: StatusBuilder, mount: _Mount, path: str,
+def _effective(ctx: ProbeContext, sb: StatusBuilder, mount: Mount, path: str,
                files: tuple[str, str, str, str]) -> tuple[Ids | None, Ids | None]:
     # /proc/self/cgroup paths are relative to the hierarchy root; a mount of a sub-hierarchy
     # (container bind mounts) shows that part as its root, so it is not repeated on disk.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from discovery import ascend, kunlunxin, nvidia
-from discovery.runner import RECORDED_TOOLS_DIR, run_all
-from discovery.source import RECORDED_NVML, ProbeContext
+from memtopo.discovery import ascend, kunlunxin, nvidia
+from memtopo.discovery.source import RECORDED_NVML, ProbeContext
+from memtopo.runner import RECORDED_TOOLS_DIR, run_all
 
 RECORDED_COMMANDS: tuple[tuple[str, ...], ...] = (*ascend.RECORDED_COMMANDS, *kunlunxin.RECORDED_COMMANDS)
 

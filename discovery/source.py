@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from discovery.hostfs import HostFS, HostReadError
-from discovery.parts import PciInfo
-from discovery.runner import RECORDED_TOOLS_DIR, RecordedRunner, Runner, SubprocessRunner
+from memtopo.discovery.parts import PciInfo
+from memtopo.hostfs import HostFS, HostReadError
+from memtopo.runner import RECORDED_TOOLS_DIR, RecordedRunner, Runner, SubprocessRunner
 
 # NVML answers recorded with a captured root (JSON; format in discovery/nvidia.py).
 RECORDED_NVML = ".memtopo/nvml.json"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from discovery.hostfs import HostReadError
-from discovery.parts import CxlDecoderInfo, CxlMemdevInfo, CxlRegionInfo, DaxInfo, SysCxl
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from discovery.sysfs_pci import AttrReader, is_bdf
+from memtopo.discovery.parts import CxlDecoderInfo, CxlMemdevInfo, CxlRegionInfo, DaxInfo, SysCxl
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.sysfs_pci import AttrReader, is_bdf
+from memtopo.hostfs import HostReadError
 
 SOURCE = "sysfs.cxl"
 

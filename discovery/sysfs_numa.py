@@ -6,9 +6,9 @@ huge pages. Per-CPU topology is hwloc's job; nothing here reads ``cpuN/`` direct
 
 from __future__ import annotations
 
-from discovery.hostfs import HostReadError
-from discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostReadError
 
 SOURCE = "sysfs.numa"
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 
-from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
-from discovery.hostfs import HostFS, HostReadError
-from discovery.parts import Ids, MdevInfo, PciInfo, SysPci
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
+from memtopo.discovery.parts import Ids, MdevInfo, PciInfo, SysPci
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostFS, HostReadError
+from memtopo.pci import parse_bdf
 
 SOURCE = "sysfs.pci"
 
 PCI_DEVICES = "sys/bus/pci/devices"
 MDEV_DEVICES = "sys/bus/mdev/devices"
 
-_HEX = frozenset("0123456789abcdef")
 
 # Subdirectories whose children are the kernel's names for the device (eth0, mlx5_0, nvme0, card0,
 # ve0, accel0); virtio functions put them one level down, under virtioN/.
@@ -28,38 +28,6 @@ _OS_DEVICE_DIRS = ("net", "infiniband", "nvme", "block", "drm", "ve", "accel")
 _VIRTIO_OS_DEVICE_DIRS = ("net", "block")
 
 _UNKNOWN_SPEEDS = frozenset({"unknown", "unknown speed"})
-
-
-def parse_bdf(name: str) -> tuple[int, int, int, int] | None:
-    """``DDDD:BB:DD.F`` (domain may be wider than 4 digits, as Intel VMD's 10000) → numbers, or None."""
-    dom, _, rest = name.partition(":")
-    bus, _, devfn = rest.partition(":")
-    dev, dot, fn = devfn.partition(".")
-    if (len(dom) < 4 or len(bus) != 2 or len(dev) != 2 or not dot or len(fn) != 1 or fn > "7" or fn < "0"
-            or not _HEX.issuperset(dom) or not _HEX.issuperset(bus) or not _HEX.issuperset(dev)):
-        return None
-    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
-
-
-def bdf_sort_key(bdf: str) -> tuple[int, ...]:
-    """Numeric PCI order; anything that is not a BDF sorts last."""
-    return parse_bdf(bdf) or (1 << 32,)
-
-
-def normalize_bdf(text: str) -> str | None:
-    """A BDF as vendor tools print it → the kernel's spelling; None if it is not one.
-
-    ``00000000:C1:00.0`` (NVML, xpu-smi), ``0000:C1:00.0`` (npu-smi) and the domain-less
-    ``C1:00.0`` all become ``0000:c1:00.0``; wider domains (VMD's ``10000``) keep their digits.
-    """
-    t = text.strip().strip("\0").lower()
-    if t.count(":") == 1:
-        t = "0000:" + t
-    parsed = parse_bdf(t)
-    if parsed is None:
-        return None
-    dom, bus, dev, fn = parsed
-    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn}"
 
 
 def is_bdf(name: str) -> bool:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from discovery.cpulist import CpuListError, parse_cpulist
-from discovery.hostfs import HostReadError
-from discovery.parts import KernelTier, SysTiers
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.discovery.parts import KernelTier, SysTiers
+from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostReadError
 
 SOURCE = "sysfs.memory_tiers"
 

@@ -1,1 +1,8 @@
-"""Generated wire types of memtopo (``memtopo.v1``); the sources are in ``proto/``."""
+"""memtopo: the node agent's one import name.
+
+This package is the ground floor — the wire schema (``memtopo.v1``) and what every floor above
+shares. The floors (``discovery``, ``planner``, ``apply``, ``agent``, ``controller``, ``cli``) are
+top-level folders of the source tree, installed beneath this name.
+"""
+
+__version__ = "0.1.0"

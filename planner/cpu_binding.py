@@ -18,11 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from discovery.cpulist import format_cpulist
-from memtopo.v1 import plan_pb2 as planpb
-from memtopo.v1 import topology_pb2 as pb
-from planner.errors import PlanError
-from planner.request import (
+from memtopo.cpulist import format_cpulist
+from memtopo.planner.errors import PlanError
+from memtopo.planner.request import (
     as_object,
     check_plan_target,
     get_cpulist,
@@ -31,6 +29,8 @@ from planner.request import (
     get_int_list,
     get_str,
 )
+from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
 
 POLICY: Final = "cpu-binding"
 Mode = Literal["global_slice", "topo_affinity"]

@@ -24,12 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from memtopo.planner import hccs, place, xpu
+from memtopo.planner.errors import PlanError, unsatisfiable
+from memtopo.planner.names import FLEET_POLICIES
+from memtopo.planner.request import as_object, get_int, get_int_list, get_list, parse_json, reject_unknown
 from memtopo.v1 import topology_pb2 as pb
-from planner import hccs, place, xpu
-from planner.errors import PlanError, unsatisfiable
-from planner.request import as_object, get_int, get_int_list, get_list, parse_json, reject_unknown
 
-POLICIES: Final = ("hccs", "xpu", "place")
+POLICIES: Final = FLEET_POLICIES
 FLEET_KEYS: Final = ("node_names", "allocated")
 HEALTHY_NPU: Final = frozenset({"OK", "Warning"})
 

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from discovery.cpulist import CpuListError, parse_cpulist
-from planner.errors import PlanError
-from planner.request import as_object, get_bool, get_cpulist_map, get_int, get_list, reject_unknown
+from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.planner.errors import PlanError
+from memtopo.planner.request import as_object, get_bool, get_cpulist_map, get_int, get_list, reject_unknown
 
 POLICY = "guest-pci"
 

@@ -19,8 +19,8 @@ from functools import cache
 from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
-from planner.errors import PlanError, unsatisfiable
-from planner.request import (
+from memtopo.planner.errors import PlanError, unsatisfiable
+from memtopo.planner.request import (
     as_object,
     get_int,
     get_int_list,

@@ -25,12 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from discovery.accelerators import pair_links
-from discovery.cpulist import format_cpulist
+from memtopo.cpulist import format_cpulist
+from memtopo.links import pair_links
+from memtopo.planner.errors import PlanError
+from memtopo.planner.request import as_object, check_plan_target, get_bool, get_int, get_str, reject_unknown
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner.errors import PlanError
-from planner.request import as_object, check_plan_target, get_bool, get_int, get_str, reject_unknown
 
 POLICY = "place"
 GIB = 1 << 30

@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn, Protocol
 
-from discovery.cpulist import CpuListError, parse_cpulist
-from planner.errors import PlanError
+from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.planner.errors import PlanError
 
 # A 10,000-node fleet request is about 1 MB; far above any real request, far below memory trouble.
 MAX_REQUEST_BYTES: Final = 64 << 20

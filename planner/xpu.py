@@ -23,8 +23,8 @@ from functools import cache
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
-from planner.errors import PlanError, unsatisfiable
-from planner.request import (
+from memtopo.planner.errors import PlanError, unsatisfiable
+from memtopo.planner.request import (
     as_object,
     get_bool,
     get_int,

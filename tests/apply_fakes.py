@@ -22,12 +22,12 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apply.config import ApplyConfig
-from apply.engine import Engine, Hook
-from apply.host import Affinities, Host, HostFiles, Ids
-from discovery.cpulist import format_cpulist, parse_cpulist
-from discovery.hostfs import HostFS
-from discovery.runner import ToolResult
+from memtopo.apply.config import ApplyConfig
+from memtopo.apply.engine import Engine, Hook
+from memtopo.apply.host import Affinities, Host, HostFiles, Ids
+from memtopo.cpulist import format_cpulist, parse_cpulist
+from memtopo.hostfs import HostFS
+from memtopo.runner import ToolResult
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 
@@ -124,7 +124,7 @@ class FakeKernel:
         n = self._count("migrate_pages")
         code = self._rule("migrate_pages", n)
         if code is not None:
-            from apply.errors import KernelCallError
+            from memtopo.apply.errors import KernelCallError
             raise KernelCallError("migrate_pages", code)
         if self.root is not None:
             path = self.root / f"proc/{pid}/numa_maps"
@@ -138,7 +138,7 @@ class FakeKernel:
         n = self._count("set_mempolicy")
         code = self._rule("set_mempolicy", n)
         if code is not None:
-            from apply.errors import KernelCallError
+            from memtopo.apply.errors import KernelCallError
             raise KernelCallError("set_mempolicy", code)
         self.mempolicy = (mode, nodes_t)
 

@@ -9,7 +9,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from discovery.capture import extract, find_root
+from memtopo.discovery.capture import extract, find_root
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MEMTOPO_SHARED", REPO.parent / "shared"))

@@ -37,13 +37,13 @@ if str(REPO) not in sys.path:
 
 from google.protobuf import json_format  # noqa: E402
 
-from apply.config import ApplyConfig  # noqa: E402
-from apply.engine import Engine, Hook  # noqa: E402
-from apply.host import Host  # noqa: E402
-from apply.planio import to_json  # noqa: E402
-from discovery.cpulist import format_cpulist, parse_cpulist  # noqa: E402
-from discovery.discover import discover  # noqa: E402
-from discovery.source import ProbeContext  # noqa: E402
+from memtopo.apply.config import ApplyConfig  # noqa: E402
+from memtopo.apply.engine import Engine, Hook  # noqa: E402
+from memtopo.apply.host import Host  # noqa: E402
+from memtopo.cpulist import format_cpulist, parse_cpulist  # noqa: E402
+from memtopo.discovery.discover import discover  # noqa: E402
+from memtopo.discovery.source import ProbeContext  # noqa: E402
+from memtopo.protojson import to_json  # noqa: E402
 from memtopo.v1 import plan_pb2 as planpb  # noqa: E402
 from memtopo.v1 import topology_pb2 as pb  # noqa: E402
 from tests.apply_fakes import cpuset, irq, mempolicy, migrate, plan, threads  # noqa: E402

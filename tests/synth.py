@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from discovery.cpulist import format_cpulist
-from discovery.runner import RECORDED_TOOLS_DIR
-from discovery.source import RECORDED_NVML
+from memtopo.cpulist import format_cpulist
+from memtopo.discovery.source import RECORDED_NVML
+from memtopo.runner import RECORDED_TOOLS_DIR
 
 Content = str  # file body; a "-> target" prefix makes a symlink (relative target, as sysfs uses)
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.render import link_word, render_links
-from discovery.accelerators import pair_links, path_class
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.cli.render import link_word, render_links
+from memtopo.discovery.accelerators import path_class
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
+from memtopo.links import pair_links
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_XML, hwloc_root, hwloc_test_env
 from tests.sysfs_tree import Link, write_tree

@@ -15,18 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import config as cfgmod
-from agent.config import (
+from memtopo.addresses import AddressError, is_loopback, parse_host_port
+from memtopo.agent import config as cfgmod
+from memtopo.agent.config import (
     EXIT_CONFIG,
-    AddressError,
     AgentConfig,
     ConfigError,
-    is_loopback,
     load_config,
     parse_config,
-    parse_host_port,
 )
-from apply.config import ApplyConfig
+from memtopo.apply.config import ApplyConfig
 from tests.fixtures import REPO
 
 EXAMPLE = REPO / "systemd" / "agent.toml"

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import structlog
 
-from agent.config import load_config
-from agent.daemon import EXIT_FAILURE, EXIT_OK, Agent
-from agent.sdnotify import Notifier
+from memtopo.agent.config import load_config
+from memtopo.agent.daemon import EXIT_FAILURE, EXIT_OK, Agent
+from memtopo.agent.sdnotify import Notifier
 from tests.fixtures import lab_root
 
 

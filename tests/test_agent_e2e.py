@@ -54,7 +54,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 
 
 def memtopo(*args: str, **kw: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "agent.cli", *args], cwd=REPO, text=True,
+    return subprocess.Popen([sys.executable, "-m", "memtopo.cli", *args], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 

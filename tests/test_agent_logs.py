@@ -17,7 +17,7 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.logs import configure_logging, get_logger
+from memtopo.agent.logs import configure_logging, get_logger
 
 
 @pytest.fixture(autouse=True)

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import DISCOVERY_BUCKETS, PLAN_OUTCOMES, AgentMetrics
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.agent.metrics import DISCOVERY_BUCKETS, PLAN_OUTCOMES, AgentMetrics
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import lab_root

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from agent.node_service import NodeAgentService, PlanRunner
-from agent.state import TopologyState
+from memtopo.agent.node_service import NodeAgentService, PlanRunner
+from memtopo.agent.state import TopologyState
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb

@@ -34,7 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import transport
+from memtopo.agent import transport
 
 SERVICE = "memtopo.test.Probe"
 NOBODY = 65534

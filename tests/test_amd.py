@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from discovery import amd
-from discovery.amd import (
+from memtopo.discovery import amd
+from memtopo.discovery.amd import (
     KfdFormatError,
     KfdIoLink,
     KfdLink,
@@ -37,9 +37,9 @@ from discovery.amd import (
     parse_properties,
     partition_layout,
 )
-from discovery.capture import open_root
-from discovery.parts import AcceleratorPart
-from discovery.source import ProbeContext, ProbeResult, State
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.parts import AcceleratorPart
+from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from tests.fixtures import extracted
 from tests.sysfs_tree import Dir, Link, write_tree
 
@@ -146,7 +146,7 @@ def test_mi300x_cpx_nps4_sixty_four_partitions(mi300x: Path) -> None:
 
 
 def _integrated(root: Path, monkeypatch: pytest.MonkeyPatch) -> object:
-    from discovery import discover
+    from memtopo.discovery import discover
 
     monkeypatch.setattr(discover, "ACCELERATOR_PROBES", ((amd.SOURCE, amd.probe),))
     return discover.discover(ProbeContext.at_root(root))

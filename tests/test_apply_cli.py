@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import apply_cli
-from apply.errors import PlanFormatError
-from apply.planio import load_plan, to_json
+from memtopo.apply.errors import PlanFormatError
+from memtopo.apply.planio import load_plan
+from memtopo.cli import apply as apply_cli
+from memtopo.protojson import to_json
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import FakeMachine, irq, machine, plan, threads
 
@@ -21,7 +22,7 @@ P = planpb.PlanResult
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.apply_cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "memtopo.cli", *args], cwd=REPO, capture_output=True, text=True,
                           input=stdin, timeout=60, check=False)
 
 

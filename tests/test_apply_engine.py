@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apply.errors import PlanNotFoundError, StateError
-from apply.host import Affinities
-from apply.journal import StateStore
+from memtopo.apply.errors import PlanNotFoundError, StateError
+from memtopo.apply.host import Affinities
+from memtopo.apply.journal import StateStore
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import (
     ONLINE_CPUS,

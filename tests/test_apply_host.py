@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apply import cgroups, irqbalance
-from apply.errors import HostWriteError, PathEscapeError
-from apply.host import (
+from memtopo.apply import cgroups, irqbalance
+from memtopo.apply.errors import HostWriteError, PathEscapeError
+from memtopo.apply.host import (
     MPOL_DEFAULT,
     HostFiles,
     LinuxKernel,
@@ -23,8 +23,8 @@ from apply.host import (
     parse_numa_maps,
     parse_stat,
 )
-from apply.irqs import parse_interrupts
-from apply.undo import (
+from memtopo.apply.irqs import parse_interrupts
+from memtopo.apply.undo import (
     AffinityUndo,
     AttachUndo,
     BanUndo,
@@ -36,8 +36,8 @@ from apply.undo import (
     from_json,
     to_json,
 )
-from discovery.hostfs import HostFS
-from discovery.proc_allowed import parse_proc_cgroup
+from memtopo.hostfs import HostFS
+from memtopo.mounts import parse_proc_cgroup
 from tests.sysfs_tree import write_tree
 
 # ---- write confinement -----------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_setup_reply_and_ban_command_formats() -> None:
 
 
 def test_irqbalance_detected_by_its_socket_and_unit(tmp_path: Path) -> None:
-    from apply.host import Procs
+    from memtopo.apply.host import Procs
     write_tree(tmp_path, {
         "proc/555/stat": "555 (irqbalance) S 1 555 555 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0\n",
         "proc/555/cgroup": "1:name=systemd:/system.slice/irqbalance.service\n",
@@ -264,7 +264,7 @@ def test_irqbalance_detected_by_its_socket_and_unit(tmp_path: Path) -> None:
 
 
 def test_irqbalance_absent(tmp_path: Path) -> None:
-    from apply.host import Procs
+    from memtopo.apply.host import Procs
     write_tree(tmp_path, {"proc/1/stat": "1 (systemd) S 0 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n"})
     assert irqbalance.detect(Procs(HostFiles(HostFS.at(tmp_path)))) is None
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from apply import launch
-from apply.errors import LaunchError
-from apply.host import MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED, HostFiles, Ids, LinuxKernel
-from discovery.hostfs import HostFS
+from memtopo.apply import launch
+from memtopo.apply.errors import LaunchError
+from memtopo.apply.host import MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED, HostFiles, Ids, LinuxKernel
+from memtopo.hostfs import HostFS
 from tests.apply_fakes import FakeKernel, write_root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ _PROBE = ("import json, os; from apply.host import LinuxKernel; "
 
 
 def _exec(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.apply_cli", "exec", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "memtopo.cli", "exec", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=60, check=False)
 
 

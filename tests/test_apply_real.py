@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from apply.config import ApplyConfig
-from apply.engine import Engine, Hook
-from apply.host import Host
-from discovery.cpulist import format_cpulist, parse_cpulist
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.apply.config import ApplyConfig
+from memtopo.apply.engine import Engine, Hook
+from memtopo.apply.host import Host
+from memtopo.cpulist import format_cpulist, parse_cpulist
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from tests.apply_fakes import cpuset, irq, migrate, plan, threads
@@ -285,10 +285,10 @@ def test_plan_killed_midway_is_rolled_back_on_restart(tmp_path: Path, topo: pb.M
         p = plan("killed", threads("pin", c.pid, [a], all=True), irq("irq", target, number=n),
                  threads("acl", c.pid, [b], name="acl_thread"))
         plan_file = tmp_path / "plan.json"
-        from apply.planio import to_json
+        from memtopo.protojson import to_json
         plan_file.write_text(to_json(p))
         env = {**os.environ, "MEMTOPO_APPLY_PAUSE_AFTER": "irq:60", "MEMTOPO_APPLY_PAUSE_MARKER": str(marker)}
-        agent = subprocess.Popen([sys.executable, "-m", "agent.apply_cli", "apply", str(plan_file), "--state-dir",
+        agent = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "apply", str(plan_file), "--state-dir",
                                   str(state)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
         try:
@@ -322,10 +322,10 @@ def test_cli_apply_dry_run_and_json(tmp_path: Path) -> None:
     with child() as c:
         a, _ = cpu_pair()
         plan_file = tmp_path / "p.json"
-        from apply.planio import to_json
+        from memtopo.protojson import to_json
         plan_file.write_text(to_json(plan("cli", threads("t", c.pid, [a], all=True))))
         before = {t: os.sched_getaffinity(t) for t in c.tids.values()}
-        res = subprocess.run([sys.executable, "-m", "agent.apply_cli", "apply", str(plan_file), "--dry-run",
+        res = subprocess.run([sys.executable, "-m", "memtopo.cli", "apply", str(plan_file), "--dry-run",
                               "--state-dir", str(tmp_path / "s"), "--format", "json"], cwd=REPO, capture_output=True,
                              text=True, timeout=60, check=False)
         assert res.returncode == 0, res.stderr

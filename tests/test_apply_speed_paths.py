@@ -27,13 +27,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apply.actions.threads import ThreadStep
-from apply.cgroups import Hierarchy, HierarchyCache, MountWatch
-from apply.errors import HostWriteError
-from apply.host import HostFiles
-from apply.journal import StateStore
-from apply.undo import PID_MAX_LIMIT, AffinityUndo, UndoFormatError, from_json, parse_tid_runs, tid_runs, to_json
-from discovery.hostfs import HostFS, HostReadError
+from memtopo.apply.actions.threads import ThreadStep
+from memtopo.apply.cgroups import Hierarchy, HierarchyCache, MountWatch
+from memtopo.apply.errors import HostWriteError
+from memtopo.apply.host import HostFiles
+from memtopo.apply.journal import StateStore
+from memtopo.apply.undo import (
+    PID_MAX_LIMIT,
+    AffinityUndo,
+    UndoFormatError,
+    from_json,
+    parse_tid_runs,
+    tid_runs,
+    to_json,
+)
+from memtopo.hostfs import HostFS, HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import ONLINE_CPUS, FakeFiles, FakeMachine, cpuset, irq, machine, plan, threads
 
@@ -304,9 +312,9 @@ def test_the_engine_follows_a_changed_fake_mount_table(m: FakeMachine) -> None:
 
 _WATCH_SCRIPT = r"""
 import os, subprocess, sys
-from apply.cgroups import HierarchyCache, MountWatch
-from apply.host import HostFiles
-from discovery.hostfs import HostFS
+from memtopo.apply.cgroups import HierarchyCache, MountWatch
+from memtopo.apply.host import HostFiles
+from memtopo.hostfs import HostFS
 files = HostFiles(HostFS.at("/"))
 watch = MountWatch(files)
 cache = HierarchyCache(files)

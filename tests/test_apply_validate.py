@@ -13,8 +13,8 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apply.errors import PlanFormatError
-from apply.planio import load_plan
+from memtopo.apply.errors import PlanFormatError
+from memtopo.apply.planio import load_plan
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import (
     SELF_PID,

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import ascend
-from discovery.ascend import (
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import ascend
+from memtopo.discovery.ascend import (
     ARGV_INFO,
     ARGV_MAP,
     ARGV_TOPO,
@@ -38,11 +39,10 @@ from discovery.ascend import (
     running_npus,
     topo_affinity,
 )
-from discovery.capture import open_root
-from discovery.cpulist import parse_cpulist
-from discovery.parts import AcceleratorPart
-from discovery.runner import DEFAULT_TIMEOUT_S, RECORDED_TOOLS_DIR, RecordedRunner, ToolResult
-from discovery.source import ProbeContext, ProbeResult, State
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.parts import AcceleratorPart
+from memtopo.discovery.source import ProbeContext, ProbeResult, State
+from memtopo.runner import DEFAULT_TIMEOUT_S, RECORDED_TOOLS_DIR, RecordedRunner, ToolResult
 from tests.fixtures import SHARED
 
 ASCEND = SHARED / "fixtures" / "ascend"

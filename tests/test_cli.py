@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from agent.cli import main
-from discovery.capture import CaptureError, open_root
-from discovery.cpulist import parse_cpulist
+from memtopo.cli.main import main
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery.capture import CaptureError, open_root
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_XML, LAB_CAPTURES, REPO
 
-MEMTOPO = [sys.executable, "-m", "agent.cli"]
+MEMTOPO = [sys.executable, "-m", "memtopo.cli"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

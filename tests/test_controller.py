@@ -35,10 +35,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # type:
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.link import Backoff, ControllerLink, LinkState
-from agent.state import TopologyState
-from controller import cli
-from controller.fleet import (
+from memtopo.agent.link import Backoff, ControllerLink, LinkState
+from memtopo.agent.state import TopologyState
+from memtopo.cli import controller as cli
+from memtopo.cli.main import main as memtopo_main
+from memtopo.controller.fleet import (
     RESULTS_PER_NODE,
     Ack,
     Fleet,
@@ -47,21 +48,21 @@ from controller.fleet import (
     ProtocolError,
     RequestSnapshot,
 )
-from controller.server import (
+from memtopo.controller.server import (
     SERVICE_NAMES,
     ControllerConfigError,
     RunningController,
     check_address,
     start_controller,
 )
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
+from memtopo.planner.fleet import FleetNode
+from memtopo.planner.fleet import decide as fleet_decide
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner.fleet import FleetNode
-from planner.fleet import decide as fleet_decide
 from tests.fixtures import REPO, hwloc_root
 from tests.test_planner_fleet import node, npu
 
@@ -628,7 +629,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def test_mtls_controller_accepts_agents_with_a_client_certificate_only(pki: dict[str, str]) -> None:
-    from controller.server import server_credentials
+    from memtopo.controller.server import server_credentials
 
     async def main() -> None:
         creds = server_credentials(pki["server"], pki["server_key"], pki["ca"])
@@ -654,7 +655,7 @@ def test_mtls_controller_accepts_agents_with_a_client_certificate_only(pki: dict
 
 
 def test_missing_certificate_file_is_a_typed_error(tmp_path: Path) -> None:
-    from controller.server import server_credentials
+    from memtopo.controller.server import server_credentials
 
     with pytest.raises(ControllerConfigError, match=r"nope\.pem"):
         server_credentials(str(tmp_path / "nope.pem"), str(tmp_path / "nope.key"))
@@ -811,7 +812,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str], events: Events 
     """The CLI's exit code, stdout and stderr; the controller's log events (its thread logs to the
     same stdout) are diverted into ``events``."""
     with structlog.testing.capture_logs() as logs:
-        rc = cli.main(argv)
+        rc = memtopo_main(["controller", *argv])
     if events is not None:
         events.extend(logs)
     out, err = capsys.readouterr()
@@ -834,7 +835,7 @@ def test_cli_nodes_table_and_json(live: Background, capsys: pytest.CaptureFixtur
 
 def test_cli_topology_text_and_json(live: Background, capsys: pytest.CaptureFixture[str],
                                     real_topology: pb.MemoryTopology) -> None:
-    from agent.render import render
+    from memtopo.cli.render import render
 
     rc, out, _ = run_cli(["topology", "gpu-1", "--addr", live.addr], capsys)
     assert rc == 0 and out == render(real_topology)
@@ -847,7 +848,7 @@ def test_cli_topology_text_and_json(live: Background, capsys: pytest.CaptureFixt
 
 
 def test_cli_submit_and_result(live: Background, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from apply.planio import to_json
+    from memtopo.protojson import to_json
 
     ok = tmp_path / "ok.json"
     ok.write_text(to_json(plan("cli-ok")))
@@ -913,7 +914,8 @@ def test_cli_serve_process_stops_cleanly_on_sigterm(capsys: pytest.CaptureFixtur
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "serve", "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "controller", "serve",
+                             "--listen", f"127.0.0.1:{port}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from discovery.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist, parse_mask
-from discovery.hostfs import HostFS, HostReadError
-from discovery.runner import RecordedRunner, SubprocessRunner, ToolResult, run_all
+from memtopo.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist, parse_mask
+from memtopo.hostfs import HostFS, HostReadError
+from memtopo.runner import RecordedRunner, SubprocessRunner, ToolResult, run_all
 
 
 @pytest.mark.parametrize(("text", "ids"), [
@@ -119,7 +119,7 @@ def test_recorded_runner_is_called_inline_by_run_all() -> None:
 def test_one_read_attributes_still_read_a_file_longer_than_one_read(tmp_path: Path) -> None:
     """read_attr, read_cpulist and read_mask take a short read as the whole file; one that fills
     the buffer is read again in full (a captured tree padded far past a page)."""
-    from discovery.hostfs import RECORD_CHUNK
+    from memtopo.hostfs import RECORD_CHUNK
 
     (tmp_path / "padded").write_bytes(b"\0" * RECORD_CHUNK + b"42\n")
     (tmp_path / "list").write_text(",".join(str(c) for c in range(0, 8000, 2)) + "\n")

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from discovery import hwloc
-from discovery.cpulist import parse_cpulist
-from discovery.parts import HwlocPart, HwlocPci
-from discovery.source import ProbeContext, State
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import hwloc
+from memtopo.discovery.parts import HwlocPart, HwlocPci
+from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import HWLOC_LINUX, HWLOC_XML, hwloc_root, hwloc_test_env, lab_root
 
 
@@ -756,9 +756,9 @@ def _recording_destroy(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> No
 
 
 def _spy_order(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from discovery import discover as discover_mod
-    from discovery.assemble import assemble as real_assemble
-    from discovery.fingerprint import fingerprint as real_fingerprint
+    from memtopo.discovery import discover as discover_mod
+    from memtopo.discovery.assemble import assemble as real_assemble
+    from memtopo.discovery.fingerprint import fingerprint as real_fingerprint
 
     events: list[str] = []
     _recording_destroy(monkeypatch, events)
@@ -777,7 +777,7 @@ def _spy_order(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_in_a_live_discovery_the_topology_is_freed_after_the_message_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    from discovery import discover as discover_mod
+    from memtopo.discovery import discover as discover_mod
 
     events = _spy_order(monkeypatch)
     topo = discover_mod.discover(ProbeContext.live())
@@ -791,7 +791,7 @@ def test_in_a_live_discovery_the_topology_is_freed_after_the_message_is_built(mo
 ])
 def test_a_plugin_free_topology_is_freed_before_the_assembly(monkeypatch: pytest.MonkeyPatch,
                                                              ctx: Any) -> None:
-    from discovery import discover as discover_mod
+    from memtopo.discovery import discover as discover_mod
 
     events = _spy_order(monkeypatch)
     topo = discover_mod.discover(ctx())
@@ -800,7 +800,7 @@ def test_a_plugin_free_topology_is_freed_before_the_assembly(monkeypatch: pytest
 
 
 def test_a_discovery_whose_assembly_fails_still_frees_its_topology(monkeypatch: pytest.MonkeyPatch) -> None:
-    from discovery import discover as discover_mod
+    from memtopo.discovery import discover as discover_mod
 
     events: list[str] = []
     _recording_destroy(monkeypatch, events)
@@ -822,7 +822,7 @@ def test_a_probe_outside_a_discovery_frees_at_once(monkeypatch: pytest.MonkeyPat
 
 
 def test_scope_runs_every_deferred_release_newest_first_even_when_one_raises() -> None:
-    from discovery.source import DiscoveryScope
+    from memtopo.discovery.source import DiscoveryScope
 
     ran: list[str] = []
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from discovery import identity
-from discovery.source import ProbeContext, State
+from memtopo.discovery import identity
+from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import hwloc_root, lab_root
 from tests.sysfs_tree import write_tree
 

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import kunlunxin
-from discovery.capture import open_root
-from discovery.cpulist import parse_cpulist
-from discovery.kunlunxin import (
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import kunlunxin
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.kunlunxin import (
     AsymmetricLink,
     XpuSmiError,
     numa_groups,
@@ -29,12 +29,12 @@ from discovery.kunlunxin import (
     parse_machine,
     parse_topo,
 )
-from discovery.kunlunxin import (
+from memtopo.discovery.kunlunxin import (
     strict_bdf as normalize_bdf,
 )
-from discovery.parts import AcceleratorPart, AccelLink
-from discovery.runner import DEFAULT_TIMEOUT_S, RecordedRunner, Runner, ToolResult
-from discovery.source import ProbeContext, ProbeResult, State
+from memtopo.discovery.parts import AcceleratorPart, AccelLink
+from memtopo.discovery.source import ProbeContext, ProbeResult, State
+from memtopo.runner import DEFAULT_TIMEOUT_S, RecordedRunner, Runner, ToolResult
 from tests.fixtures import SHARED
 from tests.sysfs_tree import write_tree
 
@@ -593,8 +593,8 @@ def test_probe_never_raises(host_root: Path, l_out: str, m_out: str, topo_out: s
 def test_in_a_discovery_the_pci_scan_is_the_pci_probes(host_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Within collect() the probe takes its PCI functions from what sysfs.pci published instead of
     reading every function's vendor again, and reports the same devices as when it scans alone."""
-    from discovery import sysfs_pci
-    from discovery.source import DiscoveryScope
+    from memtopo.discovery import sysfs_pci
+    from memtopo.discovery.source import DiscoveryScope
 
     alone = kunlunxin.probe(ProbeContext.at_root(host_root)).data
     scope = DiscoveryScope()
@@ -615,8 +615,8 @@ def test_in_a_discovery_the_pci_scan_is_the_pci_probes(host_root: Path, monkeypa
 
 def test_when_the_pci_probe_fails_the_probe_scans_for_itself(host_root: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from discovery import sysfs_pci
-    from discovery.source import DiscoveryScope
+    from memtopo.discovery import sysfs_pci
+    from memtopo.discovery.source import DiscoveryScope
 
     def broken(ctx: ProbeContext) -> object:
         raise RuntimeError("bug")

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import REPO, SHARED, lab_root
 

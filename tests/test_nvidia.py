@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import nvidia
-from discovery.capture import open_root
-from discovery.cpulist import parse_cpulist
-from discovery.nvidia import (
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import nvidia
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.nvidia import (
     CALLS,
     NumaStatus,
     NvidiaParseError,
@@ -36,9 +36,9 @@ from discovery.nvidia import (
     parse_numa_status,
     parse_nvml_replay,
 )
-from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, SysNode, SysNuma
-from discovery.source import ProbeContext, ProbeResult, State
-from discovery.sysfs_pci import normalize_bdf
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, SysNode, SysNuma
+from memtopo.discovery.source import ProbeContext, ProbeResult, State
+from memtopo.pci import normalize_bdf
 from tests.fixtures import hwloc_root
 from tests.strategies import json_like
 from tests.synth import fixture_files, tree

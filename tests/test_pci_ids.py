@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from discovery.pci_ids import KINDS, classify
+from memtopo.discovery.pci_ids import KINDS, classify
 
 
 @pytest.mark.parametrize(

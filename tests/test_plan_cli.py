@@ -8,7 +8,6 @@ discovered once per module, and hand-built messages where a vector names a fake 
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -20,13 +19,13 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import agent.cli
-from agent import plan_cli
-from apply.planio import load_plan
-from discovery.capture import open_root
-from discovery.cpulist import parse_cpulist
-from discovery.discover import discover
-from discovery.source import ProbeContext
+import memtopo.cli.main
+from memtopo.apply.planio import load_plan
+from memtopo.cli import plan_run
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery.capture import open_root
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import extracted
@@ -42,7 +41,7 @@ ERROR_EXIT = {"unsatisfiable": 1, "invalid_request": 2, "invalid_topology": 2, "
 # ---- helpers -----------------------------------------------------------------------------------------
 def run(argv: Sequence[str], stdin: str | bytes | None = None) -> tuple[int, dict[str, Any]]:
     """``memtopo`` with ``argv`` through the plan command's own entry; (exit status, stdout as JSON)."""
-    return _call(lambda: plan_cli.main(list(argv)), stdin)
+    return _call(lambda: memtopo.cli.main.main(list(argv)), stdin)
 
 
 def _call(entry: Any, stdin: str | bytes | None) -> tuple[int, dict[str, Any]]:
@@ -93,9 +92,9 @@ def gh200_topology() -> pb.MemoryTopology:
 @pytest.fixture
 def no_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if the command tries to discover a host: the request is complete."""
-    def refuse(root: str | None, with_irqs: bool = False) -> plan_cli.Facts:
+    def refuse(root: str | None, with_irqs: bool = False) -> plan_run.Facts:
         raise AssertionError(f"discovery of {root or 'this host'} was not expected")
-    monkeypatch.setattr(plan_cli, "discover_facts", refuse)
+    monkeypatch.setattr(plan_run, "discover_facts", refuse)
 
 
 def fake_discovery(monkeypatch: pytest.MonkeyPatch, topo: pb.MemoryTopology,
@@ -103,10 +102,10 @@ def fake_discovery(monkeypatch: pytest.MonkeyPatch, topo: pb.MemoryTopology,
     """Discovery answers ``topo``; returns the list of roots it was asked for."""
     asked: list[str | None] = []
 
-    def fake(root: str | None, with_irqs: bool = False) -> plan_cli.Facts:
+    def fake(root: str | None, with_irqs: bool = False) -> plan_run.Facts:
         asked.append(root)
-        return plan_cli.Facts(topo, root or plan_cli.LIVE, dict(npu_irqs or {}) if with_irqs else {})
-    monkeypatch.setattr(plan_cli, "discover_facts", fake)
+        return plan_run.Facts(topo, root or plan_run.LIVE, dict(npu_irqs or {}) if with_irqs else {})
+    monkeypatch.setattr(plan_run, "discover_facts", fake)
     return asked
 
 
@@ -195,7 +194,7 @@ def test_cpu_binding_a3_root_fills_every_fact(a3_root: Path, a3_topology: pb.Mem
                                  "release": 639}
     facts = doc["facts"]
     assert facts["source"] == str(a3_root) and facts["fingerprint"] == a3_topology.fingerprint
-    assert set(facts["filled"]) == set(plan_cli.CPU_BINDING_KEYS)
+    assert set(facts["filled"]) == set(plan_run.CPU_BINDING_KEYS)
 
 
 def test_cpu_binding_request_values_win_over_discovery(monkeypatch: pytest.MonkeyPatch,
@@ -206,7 +205,7 @@ def test_cpu_binding_request_values_win_over_discovery(monkeypatch: pytest.Monke
     rc, doc = plan("cpu-binding", {"running_npus": [3], "allowed_cpus": "0-191"})
     assert rc == 0 and asked == [None]
     assert list(doc["npus"]) == ["3"] and doc["npus"]["3"]["cpus"] == "36-47"
-    assert doc["facts"]["source"] == plan_cli.LIVE
+    assert doc["facts"]["source"] == plan_run.LIVE
     assert "running_npus" not in doc["facts"]["filled"] and "allowed_cpus" not in doc["facts"]["filled"]
     assert {"device_type", "numa_cpus", "total_logic_npus"} <= set(doc["facts"]["filled"])
 
@@ -273,7 +272,7 @@ def test_several_running_npus_need_npu() -> None:
 def test_pid_finds_its_npu_and_its_irqs_from_discovery(monkeypatch: pytest.MonkeyPatch,
                                                       a3_topology: pb.MemoryTopology) -> None:
     # npu-smi lists pid 100005 on NPU 5 (README of the A3 fixture: pids 100000 + logical id).
-    from planner.cpu_binding import NpuIrqs
+    from memtopo.planner.cpu_binding import NpuIrqs
     fake_discovery(monkeypatch, a3_topology, {5: NpuIrqs(sq=(700,), cq=(701,))})
     rc, doc = run(["plan", "cpu-binding", "--request", "-", "--pid", "100005", "--emit", "plan"], "{}")
     assert rc == 0
@@ -294,8 +293,8 @@ def test_plan_options_need_pid(extra: tuple[str, str]) -> None:
 
 
 def test_npu_irqs_read_msi_vectors_by_action_name(tmp_path: Path) -> None:
-    from apply.host import HostFiles
-    from discovery.hostfs import HostFS
+    from memtopo.apply.host import HostFiles
+    from memtopo.hostfs import HostFS
     bdf = "0000:c1:00.0"
     for irq, action in ((96, "sq_send_trigger_irq"), (97, "cq_update_irq"), (98, "other_irq")):
         (tmp_path / f"sys/bus/pci/devices/{bdf}/msi_irqs").mkdir(parents=True, exist_ok=True)
@@ -305,7 +304,7 @@ def test_npu_irqs_read_msi_vectors_by_action_name(tmp_path: Path) -> None:
     topo = pb.MemoryTopology()
     topo.accelerators.add(index=3, kind=pb.ACCELERATOR_KIND_NPU, bdf=bdf)
     topo.accelerators.add(index=4, kind=pb.ACCELERATOR_KIND_NPU, bdf="0000:c2:00.0")  # no vectors
-    found = plan_cli.npu_irqs(HostFiles(HostFS.at(tmp_path)), topo)
+    found = plan_run.npu_irqs(HostFiles(HostFS.at(tmp_path)), topo)
     assert set(found) == {3} and (found[3].sq, found[3].cq) == ((96,), (97,))
 
 
@@ -542,37 +541,20 @@ def test_usage_errors_are_json_on_stdout(argv: list[str]) -> None:
 def test_internal_errors_are_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(obj: Any) -> Any:
         raise KeyError("oops")
-    monkeypatch.setattr("planner.xpu.parse_request", boom)
+    monkeypatch.setattr("memtopo.planner.xpu.parse_request", boom)
     rc, doc = plan("xpu", {})
     code, message = error_of(doc)
     assert (rc, code) == (3, "internal") and "KeyError" in message and "please report" in message
 
 
 # ---- through `memtopo` itself --------------------------------------------------------------------------
-def _register_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``agent.cli`` know ``plan`` if agent/cli.py does not register it yet (the lead's hook)."""
-    def subparsers(parser: argparse.ArgumentParser) -> list[Any]:
-        return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if any("plan" in a.choices for a in subparsers(agent.cli.build_parser())):
-        return
-    original = agent.cli.build_parser
-
-    def build() -> argparse.ArgumentParser:
-        parser = original()
-        for action in subparsers(parser):
-            plan_cli.add_commands(action)
-        return parser
-    monkeypatch.setattr(agent.cli, "build_parser", build)
-
-
 def memtopo_main(monkeypatch: pytest.MonkeyPatch, argv: Sequence[str], stdin: str = "") -> tuple[int, str]:
-    """``agent.cli.main(argv)`` with ``stdin``; (exit status, stdout text)."""
-    _register_plan(monkeypatch)
+    """``memtopo.cli.main.main(argv)`` with ``stdin``; (exit status, stdout text)."""
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("sys.stdin", io.StringIO(stdin))
         mp.setattr("sys.stdout", out)
-        rc = agent.cli.main(list(argv))
+        rc = memtopo.cli.main.main(list(argv))
     return rc, out.getvalue()
 
 
@@ -590,7 +572,7 @@ _json = json_like(
     | st.floats(min_value=-1e9, max_value=1e9) | st.text(max_size=12),
     st.text(max_size=8), max_leaves=12,
 )
-_KEYS = sorted({*plan_cli.CPU_BINDING_KEYS, "request", "nodes", "name", "available", "capacity", "used",
+_KEYS = sorted({*plan_run.CPU_BINDING_KEYS, "request", "nodes", "name", "available", "capacity", "used",
                 "occupancy", "cross_half_fallback", "devices", "bdf", "numa_node", "strict", "numa_mapping",
                 "guest_numa", "highest_controller_index", "cpus", "gpus", "memory_gb", "workload",
                 "constraints", "topology"})
@@ -614,8 +596,8 @@ def test_any_request_gets_a_decision_or_an_error(policy: str, request: Any, pid:
     topo = _sysfs_topology()
     topo.allowed_cpus.extend(range(8))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(plan_cli, "discover_facts",
-                   lambda root, with_irqs=False: plan_cli.Facts(topo, root or plan_cli.LIVE))
+        mp.setattr(plan_run, "discover_facts",
+                   lambda root, with_irqs=False: plan_run.Facts(topo, root or plan_run.LIVE))
         extra = ["--pid", str(pid)] if pid is not None and policy == "cpu-binding" else []
         rc, doc = plan(policy, request, *extra)
     if "error" in doc:
@@ -651,4 +633,4 @@ def test_place_huge_memory_is_an_invalid_request() -> None:
 def test_plan_json_round_trips_through_apply_loader() -> None:
     p = planpb.BindingPlan(plan_id="x", policy="cpu-binding")
     p.actions.add(id="a", required=True).thread_affinity.cpus.extend([1, 2])
-    assert load_plan(json.dumps(plan_cli.plan_json(p))) == p
+    assert load_plan(json.dumps(plan_run.plan_json(p))) == p

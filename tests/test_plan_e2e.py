@@ -33,13 +33,13 @@ from typing import Any
 
 import pytest
 
-import agent.apply_cli
-from apply.config import ApplyConfig
-from apply.engine import Engine
-from apply.planio import load_plan
-from discovery.cpulist import format_cpulist
-from discovery.discover import discover
-from discovery.source import ProbeContext
+import memtopo.cli.apply
+from memtopo.apply.config import ApplyConfig
+from memtopo.apply.engine import Engine
+from memtopo.apply.planio import load_plan
+from memtopo.cpulist import format_cpulist
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from tests import apply_fakes
@@ -171,7 +171,7 @@ def test_dry_run_of_a_real_process(monkeypatch: pytest.MonkeyPatch, a3: A3, chil
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(doc["plan"]))
     # apply validates against the topology it discovers; here that is the A3 host the plan was made for.
-    monkeypatch.setattr(agent.apply_cli, "discover", lambda ctx: a3.topology)
+    monkeypatch.setattr(memtopo.cli.apply, "live_topology", lambda: a3.topology)
     before = {tid: os.sched_getaffinity(tid) for tid in child.tids.values()}
     rc, text = memtopo_main(monkeypatch, ["apply", str(plan_file), "--dry-run", "--state-dir", str(tmp_path / "state"),
                                      "--format", "json"])

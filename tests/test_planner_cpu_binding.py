@@ -16,10 +16,8 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery.cpulist import format_cpulist, parse_cpulist
-from memtopo.v1 import plan_pb2 as planpb
-from memtopo.v1 import topology_pb2 as pb
-from planner.cpu_binding import (
+from memtopo.cpulist import format_cpulist, parse_cpulist
+from memtopo.planner.cpu_binding import (
     CpuBindingDecision,
     CpuBindingRequest,
     NpuIrqs,
@@ -34,8 +32,10 @@ from planner.cpu_binding import (
     split_evenly,
     to_binding_plan,
 )
-from planner.cpu_binding import _topo_affinity_pools as pool_stage  # the stage upstream tests in isolation
-from planner.errors import PlanError
+from memtopo.planner.cpu_binding import _topo_affinity_pools as pool_stage  # the stage upstream tests in isolation
+from memtopo.planner.errors import PlanError
+from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import SHARED
 from tests.strategies import json_like
 

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from discovery.discover import discover
-from discovery.runner import RecordedRunner, ToolResult
-from discovery.source import ProbeContext
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
+from memtopo.planner import fleet, hccs, xpu
+from memtopo.planner.errors import PlanError
+from memtopo.runner import RecordedRunner, ToolResult
 from memtopo.v1 import topology_pb2 as pb
-from planner import fleet, hccs, xpu
-from planner.errors import PlanError
 from tests.fixtures import SHARED, extracted
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import PlanError
-from planner.guest_pci import (
+from memtopo.planner.errors import PlanError
+from memtopo.planner.guest_pci import (
     EXPANDER_BUS,
     ROOT_PORT,
     GuestNuma,

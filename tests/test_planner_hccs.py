@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import hccs
-from planner.errors import PlanError
-from planner.examples_hccs_xpu import hccs_example_fleet
+from memtopo.planner import hccs
+from memtopo.planner.errors import PlanError
+from memtopo.planner.examples_hccs_xpu import hccs_example_fleet
 from tests.fixtures import SHARED
 from tests.strategies import json_like
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memtopo.planner.errors import PlanError
+from memtopo.planner.place import ConstraintError, PlaceRequest, decide, parse_request, rank_nodes, to_binding_plan
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner.errors import PlanError
-from planner.place import ConstraintError, PlaceRequest, decide, parse_request, rank_nodes, to_binding_plan
 
 GIB = 1 << 30
 DRAM = pb.MemoryDomainType.MEMORY_DOMAIN_TYPE_DRAM

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import xpu
-from planner.errors import PlanError
-from planner.examples_hccs_xpu import xpu_example_fleet
+from memtopo.planner import xpu
+from memtopo.planner.errors import PlanError
+from memtopo.planner.examples_hccs_xpu import xpu_example_fleet
 from tests.fixtures import SHARED
 from tests.strategies import json_like
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import proc_allowed
-from discovery.cpulist import parse_cpulist
-from discovery.parts import Allowed
-from discovery.source import ProbeContext, State
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import proc_allowed
+from memtopo.discovery.parts import Allowed
+from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import hwloc_root, lab_root
 from tests.sysfs_tree import write_tree
 

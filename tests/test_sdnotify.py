@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.sdnotify import Notifier
+from memtopo.agent.sdnotify import Notifier
 
 
 class Receiver:
@@ -143,7 +143,7 @@ def test_send_errors_never_raise(tmp_path: Path) -> None:
 
 def test_full_receiver_does_not_hang(path_receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch) -> None:
     receiver, address = path_receiver
-    monkeypatch.setattr("agent.sdnotify.SEND_TIMEOUT_S", 0.05)
+    monkeypatch.setattr("memtopo.agent.sdnotify.SEND_TIMEOUT_S", 0.05)
     n = Notifier.from_environment({"NOTIFY_SOCKET": address})
     # Fill the receiver's queue until a send gives up: it must return False, not block or raise.
     sent = 0

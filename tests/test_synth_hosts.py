@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from discovery.discover import discover
-from discovery.runner import RecordedRunner, ToolResult
-from discovery.source import ProbeContext
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
+from memtopo.runner import RecordedRunner, ToolResult
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import extracted
 

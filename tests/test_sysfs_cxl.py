@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import sysfs_cxl
-from discovery.hostfs import HostFS, HostReadError
-from discovery.parts import DaxInfo, SysCxl
-from discovery.source import ProbeContext, ProbeResult, State
+from memtopo.discovery import sysfs_cxl
+from memtopo.discovery.parts import DaxInfo, SysCxl
+from memtopo.discovery.source import ProbeContext, ProbeResult, State
+from memtopo.hostfs import HostFS, HostReadError
 from tests.fixtures import HWLOC_XML, hwloc_root, lab_root
 from tests.sysfs_tree import Dir, Link, write_tree
 

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import sysfs_numa
-from discovery.cpulist import parse_cpulist
-from discovery.parts import SysNode, SysNuma
-from discovery.source import ProbeContext, State
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import sysfs_numa
+from memtopo.discovery.parts import SysNode, SysNuma
+from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import HWLOC_LINUX, LAB_CAPTURES, hwloc_root, lab_root
 from tests.sysfs_tree import Link, write_tree
 

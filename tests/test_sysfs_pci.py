@@ -7,11 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import sysfs_pci
-from discovery.cpulist import parse_cpulist
-from discovery.parts import PciInfo, SysPci
-from discovery.pci_ids import classify
-from discovery.source import ProbeContext, ProbeResult, State
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import sysfs_pci
+from memtopo.discovery.parts import PciInfo, SysPci
+from memtopo.discovery.pci_ids import classify
+from memtopo.discovery.source import ProbeContext, ProbeResult, State
+from memtopo.pci import parse_bdf
 from tests.fixtures import HWLOC_XML, hwloc_root, lab_root
 from tests.sysfs_tree import Dir, Link, write_tree
 
@@ -345,7 +346,7 @@ def test_non_bdf_entry_is_reported(tmp_path: Path) -> None:
      ("000:00:1f.0", None), ("0000:0:1f.0", None), ("0000:00:1F.0", None), ("0000:00:1f", None), ("", None)],
 )
 def test_parse_bdf(name: str, key: tuple[int, int, int, int] | None) -> None:
-    assert sysfs_pci.parse_bdf(name) == key
+    assert parse_bdf(name) == key
 
 
 # ---- properties ------------------------------------------------------------------------------------

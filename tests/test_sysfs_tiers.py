@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery import sysfs_tiers
-from discovery.cpulist import parse_cpulist
-from discovery.parts import SysTiers
-from discovery.source import ProbeContext, State
+from memtopo.cpulist import parse_cpulist
+from memtopo.discovery import sysfs_tiers
+from memtopo.discovery.parts import SysTiers
+from memtopo.discovery.source import ProbeContext, State
 from tests.fixtures import LAB_CAPTURES, hwloc_root, lab_root
 from tests.sysfs_tree import Dir, write_tree
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import DEFAULT_CONFIG_PATH, EXIT_CONFIG, AgentConfig
+from memtopo.agent.config import DEFAULT_CONFIG_PATH, EXIT_CONFIG, AgentConfig
 from tests.apply_fakes import machine, plan
 from tests.fixtures import REPO
 
@@ -269,9 +269,9 @@ _MDWE_PROBE = textwrap.dedent("""
         pass
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from apply.host import LinuxKernel
-    from discovery.discover import discover
-    from discovery.source import ProbeContext
+    from memtopo.apply.host import LinuxKernel
+    from memtopo.discovery.discover import discover
+    from memtopo.discovery.source import ProbeContext
     live = discover(ProbeContext.live())
     fixture = discover(ProbeContext.at_root(sys.argv[1]))
     LinuxKernel().get_affinities([0])  # the ctypes syscall path of apply

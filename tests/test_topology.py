@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from discovery.discover import discover
-from discovery.source import ProbeContext
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_XML, hwloc_root, hwloc_test_env, lab_root
 
@@ -255,7 +255,7 @@ def test_fingerprint_ignores_time_and_free_memory_but_not_content(tmp_path: Path
 
 
 def test_fingerprint_leaves_the_message_as_it_was(cxl_default: pb.MemoryTopology) -> None:
-    from discovery.fingerprint import fingerprint
+    from memtopo.discovery.fingerprint import fingerprint
 
     before = cxl_default.SerializeToString(deterministic=True)
     assert fingerprint(cxl_default) == cxl_default.fingerprint

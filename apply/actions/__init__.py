@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step
-from apply.actions.cpuset import CpusetStep
-from apply.actions.irq import IrqStep
-from apply.actions.mempolicy import MemPolicyStep
-from apply.actions.migrate import MigrationStep
-from apply.actions.threads import ThreadStep
-from apply.validate import CpusetTarget, IrqTarget, MemPolicyTarget, MigrationTarget, Target, ThreadTarget
+from memtopo.apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step
+from memtopo.apply.actions.cpuset import CpusetStep
+from memtopo.apply.actions.irq import IrqStep
+from memtopo.apply.actions.mempolicy import MemPolicyStep
+from memtopo.apply.actions.migrate import MigrationStep
+from memtopo.apply.actions.threads import ThreadStep
+from memtopo.apply.validate import CpusetTarget, IrqTarget, MemPolicyTarget, MigrationTarget, Target, ThreadTarget
 from memtopo.v1 import plan_pb2 as planpb
 
 

@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from apply import irqbalance, irqs
-from apply.config import ApplyConfig
-from apply.errors import ApplyError
-from apply.host import Host
-from apply.undo import UndoOp
-from discovery.cpulist import format_cpulist
+from memtopo.apply import irqbalance, irqs
+from memtopo.apply.config import ApplyConfig
+from memtopo.apply.errors import ApplyError
+from memtopo.apply.host import Host
+from memtopo.apply.undo import UndoOp
+from memtopo.cpulist import format_cpulist
 from memtopo.v1 import plan_pb2 as planpb
 
 # Values the steps of one fsync group expect earlier steps of the group to leave: ("tid", n) →

@@ -13,12 +13,12 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-from apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
-from apply.errors import HostWriteError
-from apply.undo import AttachUndo, FileUndo, MkdirUndo, UndoOp
-from apply.validate import CpusetTarget, ProcRef
-from discovery.cpulist import CpuListError, format_cpulist, parse_cpulist
-from discovery.hostfs import HostReadError
+from memtopo.apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.errors import HostWriteError
+from memtopo.apply.undo import AttachUndo, FileUndo, MkdirUndo, UndoOp
+from memtopo.apply.validate import CpusetTarget, ProcRef
+from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
+from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 
 _HINTS = {

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import errno
 
-from apply import irqbalance, irqs
-from apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step, ids
-from apply.errors import HostWriteError, errno_name
-from apply.host import cpulist, cpulist_text
-from apply.undo import BanUndo, FileUndo, ServiceUndo, UndoOp
-from apply.validate import IrqTarget
-from discovery.cpulist import CpuListError
-from discovery.hostfs import HostReadError
+from memtopo.apply import irqbalance, irqs
+from memtopo.apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.errors import HostWriteError, errno_name
+from memtopo.apply.host import cpulist, cpulist_text
+from memtopo.apply.undo import BanUndo, FileUndo, ServiceUndo, UndoOp
+from memtopo.apply.validate import IrqTarget
+from memtopo.cpulist import CpuListError
+from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
 
 _UNMOVABLE = (errno.EIO, errno.EPERM)

@@ -8,10 +8,10 @@ so (``method``). New processes get a real mempolicy through ``memtopo exec`` (ap
 
 from __future__ import annotations
 
-from apply.actions.base import Applied, Overlay, Prepared, RunContext, Step, ids
-from apply.actions.cpuset import CpusetStep
-from apply.actions.migrate import MigrationStep
-from apply.validate import MemPolicyTarget
+from memtopo.apply.actions.base import Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.actions.cpuset import CpusetStep
+from memtopo.apply.actions.migrate import MigrationStep
+from memtopo.apply.validate import MemPolicyTarget
 from memtopo.v1 import plan_pb2 as planpb
 
 

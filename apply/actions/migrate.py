@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import errno
 
-from apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
-from apply.errors import KernelCallError
-from apply.undo import MigrateUndo, UndoOp
-from apply.validate import MigrationTarget
+from memtopo.apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.errors import KernelCallError
+from memtopo.apply.undo import MigrateUndo, UndoOp
+from memtopo.apply.validate import MigrationTarget
 from memtopo.v1 import plan_pb2 as planpb
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import errno
 from collections import defaultdict
 
-from apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
-from apply.errors import errno_name
-from apply.undo import AffinityUndo
-from apply.validate import ThreadTarget
+from memtopo.apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.errors import errno_name
+from memtopo.apply.undo import AffinityUndo
+from memtopo.apply.validate import ThreadTarget
 from memtopo.v1 import plan_pb2 as planpb
 
 

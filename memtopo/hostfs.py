@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
+from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
 
 # sysfs attributes are one page at most; a larger file is not what we think it is.
 MAX_ATTR_BYTES = 1 << 20

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from discovery.accelerators import pair_links
-from discovery.cpulist import format_cpulist
+from memtopo.cli.output import table
+from memtopo.cpulist import format_cpulist
+from memtopo.links import pair_links
 from memtopo.v1 import topology_pb2 as pb
 
 # Above this many domains the pairwise link table is summarised: 64 nodes make 2016 pairs.
@@ -39,12 +40,6 @@ def _perf(p: pb.LinkPerformance) -> str:
     if p.access_class >= 0:
         src += f" access{p.access_class}"
     return f"{f'{bw} MB/s' if bw else '? MB/s'} {f'{lat} ns' if lat else '? ns'} ({src})"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    fmt = indent + "  ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*headers).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
 
 
 def render(topo: pb.MemoryTopology) -> str:

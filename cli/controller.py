@@ -20,40 +20,21 @@ reached (the message names the gRPC status: NOT_FOUND, UNAVAILABLE, DEADLINE_EXC
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
-import json
 import sys
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import grpc
-from google.protobuf import json_format
+from memtopo.cli import plan as plan_cli
+from memtopo.cli.output import error_document, fail
+from memtopo.controller.defaults import DEFAULT_LISTEN, DEFAULT_PLAN_TIMEOUT_S, MAX_MESSAGE_BYTES, MAX_PLAN_TIMEOUT_S
+from memtopo.planner.names import FLEET_POLICIES
 
-from agent import plan_cli
-from agent.apply_cli import OK_STATES, read_plan
-from agent.apply_cli import render as render_result
-from agent.config import is_loopback
-from agent.render import render as render_topology
-from agent.render import table
-from apply.errors import ApplyError
-from apply.planio import to_json as result_json
-from controller.server import (
-    DEFAULT_LISTEN,
-    DEFAULT_PLAN_TIMEOUT_S,
-    MAX_MESSAGE_BYTES,
-    MAX_PLAN_TIMEOUT_S,
-    ControllerConfigError,
-    check_address,
-    open_pem,
-    serve_until_signalled,
-    server_credentials,
-)
-from memtopo.v1 import agent_pb2 as apb
-from memtopo.v1 import agent_pb2_grpc as apb_grpc
-from memtopo.v1 import plan_pb2 as planpb
-from planner import fleet as fleet_policies
+if TYPE_CHECKING:
+    import grpc
+
+    from memtopo.v1 import agent_pb2 as apb
+    from memtopo.v1 import plan_pb2 as planpb
 
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
@@ -111,7 +92,7 @@ def add_commands(subparsers: Any) -> None:
                                          "the controller holds; prints the decision as JSON",
                            description="Exit status as `memtopo plan`: 0 decision, 1 unsatisfiable, 2 invalid "
                                        "request or usage, 3 controller unreachable or internal error.")
-    place.add_argument("policy", choices=fleet_policies.POLICIES)
+    place.add_argument("policy", choices=FLEET_POLICIES)
     place.add_argument("--request", required=True, metavar="FILE",
                        help="the JSON request (as `memtopo plan POLICY` without nodes; optional node_names, "
                             "and allocated for hccs/xpu), or - for stdin")
@@ -156,16 +137,18 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _exits(fn: Command) -> Command:
-    """Errors the user can act on become a message and an exit code (agent/cli.py calls func directly)."""
+    """Errors the user can act on become a message and an exit code."""
     @functools.wraps(fn)
     def run(args: argparse.Namespace) -> int:
+        from memtopo.controller.server import ControllerConfigError
+
         try:
             return fn(args)
         except ControllerConfigError as exc:
-            print(f"memtopo: controller: {exc}", file=sys.stderr)
+            fail(f"controller: {exc}")
             return EXIT_USAGE
         except _RpcFailedError as exc:
-            print(f"memtopo: {exc}", file=sys.stderr)
+            fail(exc)
             return EXIT_RPC
     return run
 
@@ -173,6 +156,10 @@ def _exits(fn: Command) -> Command:
 # ---- serve -------------------------------------------------------------------------------------------
 @_exits
 def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from memtopo.controller.server import ControllerConfigError, serve_until_signalled, server_credentials
+
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ControllerConfigError("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -184,6 +171,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # ---- clients -----------------------------------------------------------------------------------------
 def _channel(args: argparse.Namespace) -> grpc.Channel:
+    import grpc
+
+    from memtopo.addresses import is_loopback
+    from memtopo.controller.server import ControllerConfigError, check_address, open_pem
+
     check_address(args.addr)
     tls = args.tls_ca or args.tls_cert or args.tls_key
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -202,6 +194,10 @@ def _channel(args: argparse.Namespace) -> grpc.Channel:
 
 def _call(args: argparse.Namespace, method: str, request: Any, timeout: float = RPC_TIMEOUT_S) -> Any:
     """One ControllerAdmin call; gRPC failures become ``_RpcFailed`` with a one-line message."""
+    import grpc
+
+    from memtopo.v1 import agent_pb2_grpc as apb_grpc
+
     with _channel(args) as channel:
         stub = apb_grpc.ControllerAdminStub(channel)
         try:
@@ -219,6 +215,10 @@ def _age(seconds: float) -> str:
 
 def render_nodes(resp: apb.ListNodesResponse, now: float | None = None) -> str:
     """One row per node: link state, held generation, short fingerprint, sizes, last seen, peer."""
+    import time
+
+    from memtopo.cli.output import table
+
     if not resp.nodes:
         return "no nodes\n"
     clock = time.time() if now is None else now
@@ -232,10 +232,12 @@ def render_nodes(resp: apb.ListNodesResponse, now: float | None = None) -> str:
 
 @_exits
 def cmd_nodes(args: argparse.Namespace) -> int:
+    from memtopo.cli.output import message_json
+    from memtopo.v1 import agent_pb2 as apb
+
     resp = _call(args, "ListNodes", apb.ListNodesRequest())
     if args.format == "json":
-        sys.stdout.write(json_format.MessageToJson(resp, preserving_proto_field_name=True,
-                                                   always_print_fields_with_no_presence=True, indent=2) + "\n")
+        sys.stdout.write(message_json(resp, defaults=True) + "\n")
     else:
         sys.stdout.write(render_nodes(resp))
     return EXIT_OK
@@ -243,28 +245,39 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 @_exits
 def cmd_topology(args: argparse.Namespace) -> int:
+    from memtopo.v1 import agent_pb2 as apb
+
     topo = _call(args, "GetNodeTopology", apb.GetNodeTopologyRequest(node_name=args.node))
     if args.format == "json":
-        # Imported here: agent.cli registers these commands, so a top-level import would be circular.
-        from agent.cli import to_json
+        from memtopo.cli.output import message_json
 
-        sys.stdout.write(to_json(topo) + "\n")
+        sys.stdout.write(message_json(topo, defaults=True) + "\n")
     else:
-        sys.stdout.write(render_topology(topo))
+        from memtopo.cli.render import render
+
+        sys.stdout.write(render(topo))
     return EXIT_OK
 
 
 def _emit_result(result: planpb.PlanResult, fmt: str, plan: planpb.BindingPlan | None) -> int:
-    sys.stdout.write(result_json(result) + "\n" if fmt == "json" else render_result(result, plan))
-    return EXIT_OK if result.state in OK_STATES else EXIT_NOT_APPLIED
+    from memtopo.cli.apply import ok_states
+    from memtopo.cli.apply import render as render_result
+    from memtopo.cli.output import message_json
+
+    sys.stdout.write(message_json(result) + "\n" if fmt == "json" else render_result(result, plan))
+    return EXIT_OK if result.state in ok_states() else EXIT_NOT_APPLIED
 
 
 @_exits
 def cmd_submit(args: argparse.Namespace) -> int:
+    from memtopo.apply.errors import ApplyError
+    from memtopo.cli.apply import read_plan
+    from memtopo.v1 import agent_pb2 as apb
+
     try:
         plan = read_plan(args.plan)
     except ApplyError as exc:
-        print(f"memtopo: {exc}", file=sys.stderr)
+        fail(exc)
         return EXIT_USAGE
     wait = args.timeout or DEFAULT_PLAN_TIMEOUT_S
     request = apb.SubmitPlanRequest(node_name=args.node, plan=plan, dry_run=args.dry_run,
@@ -275,35 +288,29 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 @_exits
 def cmd_result(args: argparse.Namespace) -> int:
+    from memtopo.v1 import agent_pb2 as apb
+
     result = _call(args, "GetNodePlanResult", apb.GetNodePlanResultRequest(node_name=args.node,
                                                                             plan_id=args.plan_id))
     return _emit_result(result, args.format, None)
 
 
 def cmd_place(args: argparse.Namespace) -> int:
+    import json
+
+    from memtopo.controller.server import ControllerConfigError
+    from memtopo.v1 import agent_pb2 as apb
+
     def produce() -> dict[str, Any]:
         # Decoded here first: a file that is not JSON is the caller's to fix, without a round trip.
         body = plan_cli.read_request(args.request)
         try:
             resp = _call(args, "Place", apb.FleetPlaceRequest(policy=args.policy, request_json=json.dumps(body)))
         except _RpcFailedError as exc:
-            return plan_cli.error_document("rpc_failed", str(exc))
+            return error_document("rpc_failed", str(exc))
         except ControllerConfigError as exc:
-            return plan_cli.error_document("usage", str(exc))
+            return error_document("usage", str(exc))
         doc: dict[str, Any] = json.loads(resp.result_json)
         return doc
 
     return plan_cli.answer(produce)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry: ``python -m controller.cli [serve|nodes|…] …`` (the ``controller`` word implied)."""
-    parser = argparse.ArgumentParser(prog="memtopo")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["controller", *(sys.argv[1:] if argv is None else argv)])
-    rc: int = args.func(args)
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

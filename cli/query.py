@@ -13,28 +13,14 @@ Exit status: 0 ok; 1 the RPC failed or a plan was not applied; 2 bad usage or co
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import grpc
-from google.protobuf import json_format
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from apply.errors import ApplyError
-from apply.planio import to_json
-from memtopo.v1 import agent_pb2 as apb
-from memtopo.v1 import agent_pb2_grpc
-from memtopo.v1 import plan_pb2 as planpb
-
-from .apply_cli import OK_STATES, read_plan
-from .apply_cli import render as render_result
-from .render import render
-from .transport import TransportError
+from memtopo.cli.output import fail
 
 if TYPE_CHECKING:
+    import grpc
+
     from memtopo.v1.agent_pb2_grpc import NodeAgentAsyncStub
 
 DEFAULT_ADDR = "unix:///run/memtopo/agent.sock"
@@ -69,11 +55,14 @@ def add_commands(subparsers: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
     import dataclasses
+    from pathlib import Path
 
-    from .config import EXIT_CONFIG, ConfigError, load_config
-    from .daemon import Agent
-    from .logs import configure_logging
+    from memtopo.agent.config import EXIT_CONFIG, ConfigError, load_config
+    from memtopo.agent.daemon import Agent
+    from memtopo.agent.logs import configure_logging
+    from memtopo.agent.transport import TransportError
 
     try:
         config = load_config(Path(args.config) if args.config else None)
@@ -86,54 +75,95 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.health is not None:
             config = dataclasses.replace(config, health=dataclasses.replace(config.health, listen=args.health))
     except ConfigError as exc:
-        print(f"memtopo: {exc}", file=sys.stderr)
+        fail(exc)
         return EXIT_CONFIG  # the unit's RestartPreventExitStatus: a bad config is not retried
     configure_logging(config.log.level, config.log.format)
+    sidecar = EmbeddedController(args.with_controller) if args.with_controller is not None else None
     try:
-        return asyncio.run(Agent(config, embedded_controller=args.with_controller).run())
+        return asyncio.run(Agent(config, sidecar=sidecar).run())
     except TransportError as exc:  # socket in use, unreadable certificate, unknown group
-        print(f"memtopo: {exc}", file=sys.stderr)
+        fail(exc)
         return EXIT_FAILED
 
 
+class EmbeddedController:
+    """The main job on one machine: the reference controller in the agent's process, which the agent
+    then links to over loopback. Put together here: the agent and the controller never import each other."""
+
+    def __init__(self, listen: str) -> None:
+        self.listen = listen
+        self._server: Any = None
+
+    async def start(self) -> str:
+        """Starts the controller; the address the agent's link dials."""
+        from memtopo.controller.server import start_controller
+
+        self._server = await start_controller(self.listen)
+        host = self.listen.rpartition(":")[0] or "127.0.0.1"
+        return f"{host}:{self._server.port}"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(1.0)
+
+
 def channel(args: argparse.Namespace) -> grpc.aio.Channel:
+    import grpc
+
+    from memtopo.agent.transport import channel_credentials
+
     addr: str = args.addr
     if addr.startswith("unix:"):
         return grpc.aio.insecure_channel(addr)
-    from .transport import channel_credentials
 
     return grpc.aio.secure_channel(addr, channel_credentials(args.tls_ca, args.tls_cert, args.tls_key))
 
 
 def cmd_query(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import grpc
+
+    from memtopo.agent.transport import TransportError
+    from memtopo.apply.errors import ApplyError
+
     try:
         return asyncio.run(_query(args))
     except grpc.aio.AioRpcError as exc:
-        print(f"memtopo: {args.what}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        fail(f"{args.what}: {exc.code().name}: {exc.details()}")
         return EXIT_FAILED
     except (ApplyError, TransportError) as exc:
-        print(f"memtopo: {exc}", file=sys.stderr)
+        fail(exc)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK
 
 
 async def _query(args: argparse.Namespace) -> int:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from memtopo.cli.apply import ok_states, read_plan
+    from memtopo.cli.apply import render as render_result
+    from memtopo.cli.output import message_json
+    from memtopo.cli.render import render
+    from memtopo.v1 import agent_pb2 as apb
+    from memtopo.v1 import agent_pb2_grpc
+    from memtopo.v1 import plan_pb2 as planpb
+
     if args.what in ("apply", "result") and not args.arg:
-        print(f"memtopo: query {args.what} needs {'a plan file' if args.what == 'apply' else 'a plan id'}",
-              file=sys.stderr)
+        fail(f"query {args.what} needs {'a plan file' if args.what == 'apply' else 'a plan id'}")
         return EXIT_USAGE
     async with channel(args) as ch:
         stub = agent_pb2_grpc.NodeAgentStub(ch)
         text = args.format == "text"
         if args.what == "topology":
             topo = await stub.GetTopology(apb.GetTopologyRequest(), timeout=args.timeout)
-            sys.stdout.write(render(topo) if text else to_json(topo) + "\n")
+            sys.stdout.write(render(topo) if text else message_json(topo) + "\n")
         elif args.what == "health":
             hstub = health_pb2_grpc.HealthStub(ch)
             resp = await hstub.Check(health_pb2.HealthCheckRequest(service=""), timeout=args.timeout)
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-            print(status if text else to_json(resp))
+            print(status if text else message_json(resp))
             return EXIT_OK if resp.status == health_pb2.HealthCheckResponse.SERVING else EXIT_FAILED
         elif args.what == "plans":
             listed = await stub.ListPlans(apb.ListPlansRequest(), timeout=args.timeout)
@@ -142,29 +172,34 @@ async def _query(args: argparse.Namespace) -> int:
                     print(f"{p.plan_id}\t{planpb.PlanResult.State.Name(p.state).removeprefix('STATE_')}"
                           f"\t{p.message}")
             else:
-                print(to_json(listed))
+                print(message_json(listed))
         elif args.what == "result":
             res = await stub.GetPlanResult(apb.GetPlanResultRequest(plan_id=args.arg), timeout=args.timeout)
-            sys.stdout.write(render_result(res) if text else to_json(res) + "\n")
+            sys.stdout.write(render_result(res) if text else message_json(res) + "\n")
         elif args.what == "apply":
             plan = read_plan(args.arg)
             res = await stub.ApplyPlan(apb.ApplyPlanRequest(plan=plan, dry_run=args.dry_run,
                                                             expected_generation=args.expected_generation),
                                        timeout=args.timeout)
-            sys.stdout.write(render_result(res, plan) if text else to_json(res) + "\n")
-            return EXIT_OK if res.state in OK_STATES else EXIT_FAILED
+            sys.stdout.write(render_result(res, plan) if text else message_json(res) + "\n")
+            return EXIT_OK if res.state in ok_states() else EXIT_FAILED
         else:
             await _watch(stub, args)
     return EXIT_OK
 
 
 async def _watch(stub: NodeAgentAsyncStub, args: argparse.Namespace) -> None:
+    from collections.abc import AsyncIterator
+
+    from memtopo.cli.output import message_json
+    from memtopo.v1 import agent_pb2 as apb
+
     events: AsyncIterator[apb.TopologyEvent] = stub.WatchTopology(apb.WatchTopologyRequest()).__aiter__()
     seen = 0
     async for ev in events:
         kind = ev.WhichOneof("event")
         if args.format == "json":
-            print(json_format.MessageToJson(ev, preserving_proto_field_name=True, indent=None), flush=True)
+            print(message_json(ev, indent=None), flush=True)
         else:
             extra = f" {len(ev.snapshot.numa_nodes)} NUMA nodes" if kind == "snapshot" else ""
             print(f"{kind} generation={ev.generation} fingerprint={ev.fingerprint[:16]}"

@@ -19,20 +19,17 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apply import launch
-from apply.config import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES, ApplyConfig
-from apply.engine import Engine, Hook
-from apply.errors import ApplyError
-from apply.host import Host
-from apply.planio import load_plan, to_json
-from discovery.cpulist import CpuListError, parse_cpulist
-from discovery.discover import discover
-from discovery.source import ProbeContext
-from memtopo.v1 import plan_pb2 as planpb
+from memtopo.apply.config import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES
+from memtopo.cli.output import fail
+
+if TYPE_CHECKING:
+    from memtopo.apply import launch
+    from memtopo.apply.engine import Engine, Hook
+    from memtopo.v1 import plan_pb2 as planpb
+    from memtopo.v1 import topology_pb2 as pb
 
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
@@ -42,10 +39,13 @@ PAUSE_ENV = "MEMTOPO_APPLY_PAUSE_AFTER"
 PAUSE_MARKER_ENV = "MEMTOPO_APPLY_PAUSE_MARKER"
 STATE_DIR_ENV = "MEMTOPO_STATE_DIR"
 
-S = planpb.ActionResult
-P = planpb.PlanResult
 
-OK_STATES = (P.STATE_APPLIED, P.STATE_UNCHANGED, P.STATE_DRY_RUN)
+
+def ok_states() -> tuple[int, ...]:
+    """The results a caller asked for: applied, already in place, or a dry run."""
+    from memtopo.v1.plan_pb2 import PlanResult
+
+    return (PlanResult.STATE_APPLIED, PlanResult.STATE_UNCHANGED, PlanResult.STATE_DRY_RUN)
 
 
 def add_commands(subparsers: Any) -> None:
@@ -108,17 +108,32 @@ def _pause_hook() -> Hook | None:
     return hook
 
 
+def live_topology() -> pb.MemoryTopology:
+    """This host's topology, discovered when the engine first asks for it (not for a stored result)."""
+    from memtopo.discovery.discover import discover
+    from memtopo.discovery.source import ProbeContext
+
+    return discover(ProbeContext.live())
+
+
 def _engine(args: argparse.Namespace) -> Engine:
+    from memtopo.apply.config import ApplyConfig
+    from memtopo.apply.engine import Engine
+    from memtopo.apply.host import Host
+
     overrides: dict[str, Any] = {}
     if getattr(args, "irqbalance", None):
         overrides["irqbalance"] = args.irqbalance
     if getattr(args, "cgroup_prefix", None):
         overrides["cgroup_prefixes"] = tuple(args.cgroup_prefix)
-    return Engine(Host.live(), lambda: discover(ProbeContext.live()), _state_dir(args), ApplyConfig(**overrides),
+    return Engine(Host.live(), live_topology, _state_dir(args), ApplyConfig(**overrides),
                   hook=_pause_hook())
 
 
 def read_plan(source: str) -> planpb.BindingPlan:
+    from memtopo.apply.errors import ApplyError
+    from memtopo.apply.planio import load_plan
+
     if source == "-":
         return load_plan(sys.stdin.read())
     try:
@@ -129,31 +144,39 @@ def read_plan(source: str) -> planpb.BindingPlan:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    from memtopo.apply.errors import ApplyError
+    from memtopo.v1 import plan_pb2 as planpb
+
     try:
         plan = read_plan(args.plan)
         engine = _engine(args)
         recovered = [] if args.dry_run else engine.recover()
         result = engine.apply(plan, dry_run=args.dry_run)
     except ApplyError as exc:
-        print(f"memtopo: {exc}", file=sys.stderr)
+        fail(exc)
         return EXIT_USAGE
     for r in recovered:
-        print(f"memtopo: recovered unfinished plan {r.plan_id}: {P.State.Name(r.state)}: {r.message}", file=sys.stderr)
+        fail(f"recovered unfinished plan {r.plan_id}: {planpb.PlanResult.State.Name(r.state)}: {r.message}")
     _emit(result, args.format, plan)
-    return EXIT_OK if result.state in OK_STATES else EXIT_NOT_APPLIED
+    return EXIT_OK if result.state in ok_states() else EXIT_NOT_APPLIED
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from memtopo.apply.errors import ApplyError
+    from memtopo.v1 import plan_pb2 as planpb
+
     try:
         result = _engine(args).rollback(args.plan_id)
     except ApplyError as exc:
-        print(f"memtopo: {exc}", file=sys.stderr)
+        fail(exc)
         return EXIT_USAGE
     _emit(result, args.format, None)
-    return EXIT_OK if result.state == P.STATE_ROLLED_BACK else EXIT_NOT_APPLIED
+    return EXIT_OK if result.state == planpb.PlanResult.STATE_ROLLED_BACK else EXIT_NOT_APPLIED
 
 
 def _exec_policy(args: argparse.Namespace) -> launch.MemPolicySpec | None:
+    from memtopo.apply import launch
+
     if args.membind is not None:
         return launch.parse_policy(f"bind={args.membind}")
     if args.interleave is not None:
@@ -168,6 +191,11 @@ def _exec_policy(args: argparse.Namespace) -> launch.MemPolicySpec | None:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
+    from memtopo.apply import launch
+    from memtopo.apply.errors import ApplyError
+    from memtopo.apply.host import Host
+    from memtopo.cpulist import CpuListError, parse_cpulist
+
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
@@ -177,35 +205,40 @@ def cmd_exec(args: argparse.Namespace) -> int:
         host = Host.live()
         launch.launch(command, policy, cpus, host.kernel, host.files)
     except CpuListError as exc:
-        print(f"memtopo: --cpus: {exc}", file=sys.stderr)
+        fail(f"--cpus: {exc}")
     except ApplyError as exc:
-        print(f"memtopo: {exc}", file=sys.stderr)
+        fail(exc)
     return EXIT_USAGE
 
 
 # ---- output ------------------------------------------------------------------------------------------
 def _emit(result: planpb.PlanResult, fmt: str, plan: planpb.BindingPlan | None) -> None:
-    sys.stdout.write(to_json(result) + "\n" if fmt == "json" else render(result, plan))
+    from memtopo.cli.output import message_json
+
+    sys.stdout.write(message_json(result) + "\n" if fmt == "json" else render(result, plan))
 
 
 def render(result: planpb.PlanResult, plan: planpb.BindingPlan | None = None) -> str:
     """The human view: state and message, rejections, then per action its diff (- before, + after)."""
+    from memtopo.v1.plan_pb2 import ActionResult, PlanResult
+
     kinds = {a.id: (a.WhichOneof("action") or "?", a.required) for a in plan.actions} if plan else {}
-    lines = [f"plan {result.plan_id or '(no id)'}: {P.State.Name(result.state).removeprefix('STATE_')}"
+    lines = [f"plan {result.plan_id or '(no id)'}: {PlanResult.State.Name(result.state).removeprefix('STATE_')}"
              f" — {result.message}"]
     for rej in result.rejections:
         lines.append(f"  rejected  {rej}")
     for ar in result.actions:
         kind, required = kinds.get(ar.action_id, ("", False))
-        tag = S.Status.Name(ar.status).removeprefix("STATUS_")
+        tag = ActionResult.Status.Name(ar.status).removeprefix("STATUS_")
         head = f"  [{tag}] {ar.action_id}"
         if kind:
             head += f" {kind}{' (required)' if required else ' (optional)'}"
         lines.append(head)
         if ar.reason:
             lines.append(f"      {ar.reason}")
-        shown = ar.status in (S.STATUS_WOULD_CHANGE, S.STATUS_APPLIED, S.STATUS_ROLLED_BACK, S.STATUS_FAILED,
-                              S.STATUS_ROLLBACK_FAILED)
+        shown = ar.status in (ActionResult.STATUS_WOULD_CHANGE, ActionResult.STATUS_APPLIED,
+                              ActionResult.STATUS_ROLLED_BACK, ActionResult.STATUS_FAILED,
+                              ActionResult.STATUS_ROLLBACK_FAILED)
         if shown:
             lines.extend(f"      - {b}" for b in ar.before)
             lines.extend(f"      + {a}" for a in ar.after)
@@ -214,16 +247,3 @@ def render(result: planpb.PlanResult, plan: planpb.BindingPlan | None = None) ->
         for key in sorted(ar.details):
             lines.append(f"      {key}: {ar.details[key]}")
     return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m agent.apply_cli …``) until agent/cli.py registers the commands."""
-    parser = argparse.ArgumentParser(prog="memtopo")
-    add_commands(parser.add_subparsers(dest="command_name", required=True))
-    args = parser.parse_args(argv)
-    rc: int = args.func(args)
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

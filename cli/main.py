@@ -1,4 +1,8 @@
-"""``memtopo`` command line."""
+"""``memtopo`` command line: the parser of every command, and ``topo`` / ``gather``.
+
+The parser is built from the standard library alone; each handler imports what it needs, so a
+command loads only its own machinery (``--help`` loads no protobuf, grpc, discovery or planner).
+"""
 
 from __future__ import annotations
 
@@ -6,32 +10,28 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from google.protobuf import json_format
+from memtopo import __version__
+from memtopo.cli import apply as apply_cli
+from memtopo.cli import controller as controller_cli
+from memtopo.cli import plan as plan_cli
+from memtopo.cli import query as query_cli
+from memtopo.cli.output import fail
 
-from agent.apply_cli import add_commands as add_apply_commands
-from agent.plan_cli import add_commands as add_plan_commands
-from agent.query_cli import add_commands as add_agent_commands
-from agent.render import render, render_links
-from controller.cli import add_commands as add_controller_commands
-from discovery.capture import CaptureError, gather, open_root
-from discovery.discover import discover
-from discovery.record import recordings
-from discovery.source import ProbeContext
-from memtopo.v1 import topology_pb2 as pb
+if TYPE_CHECKING:
+    from memtopo.discovery.source import ProbeContext
 
 EXIT_USAGE = 2
 
 
-def to_json(msg: pb.MemoryTopology) -> str:
-    """proto3 JSON with the .proto's snake_case names and every field present, defaults included."""
-    return json_format.MessageToJson(msg, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True, indent=2)
-
-
 @contextlib.contextmanager
 def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContext]:
+    from pathlib import Path
+
+    from memtopo.discovery.capture import CaptureError, open_root
+    from memtopo.discovery.source import ProbeContext
+
     if hwloc_xml is not None:
         xml = Path(hwloc_xml)
         if not xml.is_file():
@@ -46,29 +46,55 @@ def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContex
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    with context_for(args.root, args.hwloc_xml) as ctx:
-        topo = discover(ctx)
+    from memtopo.discovery.capture import CaptureError
+    from memtopo.discovery.discover import discover
+
+    try:
+        with context_for(args.root, args.hwloc_xml) as ctx:
+            topo = discover(ctx)
+    except CaptureError as exc:
+        fail(exc)
+        return EXIT_USAGE
     if args.root:
         topo.source_root = args.root  # the temporary extraction path means nothing to the reader
     if args.links:
+        from memtopo.cli.render import render_links
+
         sys.stdout.write(render_links(topo))
+    elif args.format == "json":
+        from memtopo.cli.output import message_json
+
+        sys.stdout.write(message_json(topo, defaults=True) + "\n")
     else:
-        sys.stdout.write(to_json(topo) + "\n" if args.format == "json" else render(topo))
+        from memtopo.cli.render import render
+
+        sys.stdout.write(render(topo))
     return 0
 
 
 def cmd_gather(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memtopo.discovery.capture import CaptureError, gather
+    from memtopo.discovery.record import recordings
+    from memtopo.discovery.source import ProbeContext
+
     out = Path(args.out)
     root = Path(args.root)
     # Tools and NVML answer for this host only; a gather of another root records none.
     recorded = recordings(ProbeContext.live()) if root == Path("/") else None
-    count = gather(out, root, recorded)
+    try:
+        count = gather(out, root, recorded)
+    except CaptureError as exc:
+        fail(exc)
+        return EXIT_USAGE
     print(f"wrote {out} ({count} entries)")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memtopo", description="Memory topology node agent")
+    parser.add_argument("--version", action="version", version=f"memtopo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     topo = sub.add_parser("topo", help="discover and print the memory topology")
@@ -85,10 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--root", default="/", help=argparse.SUPPRESS)
     g.set_defaults(func=cmd_gather)
 
-    add_apply_commands(sub)
-    add_plan_commands(sub)
-    add_agent_commands(sub)
-    add_controller_commands(sub)
+    apply_cli.add_commands(sub)
+    plan_cli.add_commands(sub)
+    query_cli.add_commands(sub)
+    controller_cli.add_commands(sub)
     return parser
 
 
@@ -96,9 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rc: int = args.func(args)
-    except CaptureError as exc:
-        print(f"memtopo: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except BrokenPipeError:
         return 0
     return rc

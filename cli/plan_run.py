@@ -1,140 +1,33 @@
-"""``memtopo plan``: run one placement policy on a JSON request and print its decision as JSON.
-
-    memtopo plan cpu-binding --request FILE|- [--root DIR|TARBALL]
-                             [--pid PID [--npu N] [--plan-id ID] [--emit decision|plan|both]]
-    memtopo plan guest-pci   --request FILE|- [--root DIR|TARBALL]
-    memtopo plan place       --request FILE|- [--root DIR|TARBALL]
-                             [--pid PID [--plan-id ID] [--emit decision|plan|both]]
-    memtopo plan hccs        --request FILE|-
-    memtopo plan xpu         --request FILE|-
-    memtopo plan mtf OCCUPANCY
-
-Everything goes to stdout as one JSON document: the decision, or ``{"error": {"code", "message"}}``
-(a machine reader wants one stream; stderr carries only argparse's usage line). Exit status:
-0 decision; 1 ``unsatisfiable`` (a valid request the policy cannot place); 2 ``invalid_request``,
-``invalid_topology``, ``invalid_root`` or ``usage`` (fix the input); 3 ``internal`` (a bug).
-
-Topology facts the request leaves out come from discovery: of ``--root``, else of this host when
-the request lacks one the policy cannot do without (cpu-binding: ``device_type``, ``allowed_cpus``
-or ``running_npus``; guest-pci: a device's ``numa_node``; place: the ``topology``). Values the
-request gives always win. ``docs/planner-cli.md`` is the user's page.
-"""
+"""The runners behind ``memtopo plan``: discovery of the facts a request leaves out, the policies,
+and the BindingPlan a decision becomes (``memtopo.cli.plan`` parses and answers; this does the work)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final
 
 from google.protobuf import json_format
 
-from apply import irqs
-from apply.host import HostFiles
-from apply.journal import plan_hash
-from discovery.capture import CaptureError
-from discovery.discover import discover
-from discovery.source import ProbeContext
-from discovery.sysfs_pci import parse_bdf
+from memtopo.cli.plan import InvalidRootError, UsageError
+from memtopo.pci import parse_bdf
+from memtopo.planner import cpu_binding, guest_pci, hccs, place, xpu
+from memtopo.planner.errors import PlanError
+from memtopo.planner.request import as_object, reject_unknown
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner import cpu_binding, guest_pci, hccs, place, xpu
-from planner.errors import PlanError
-from planner.request import MAX_REQUEST_BYTES, as_object, parse_json, reject_unknown
 
-EXIT_OK: Final = 0
-EXIT_UNSATISFIABLE: Final = 1
-EXIT_INVALID: Final = 2
-EXIT_INTERNAL: Final = 3
+if TYPE_CHECKING:
+    from memtopo.apply.host import HostFiles
+    from memtopo.discovery.source import ProbeContext
 
 CPU_BINDING_KEYS: Final = ("device_type", "allowed_cpus", "running_npus", "total_logic_npus", "topo_affinity",
                            "numa_cpus")
 # Without these cpu_binding.parse_request refuses the request, so their absence asks for discovery.
 CPU_BINDING_REQUIRED: Final = ("device_type", "allowed_cpus", "running_npus")
-EMIT_CHOICES: Final = ("decision", "plan", "both")
 LIVE: Final = "live host"
-
-
-class UsageError(Exception):
-    """A combination of options the command cannot act on (e.g. ``--emit plan`` without ``--pid``)."""
-
-
-# Not the caller's input to fix: a bug, or (``memtopo controller place``) a controller out of reach.
-SERVICE_ERRORS: Final = frozenset({"internal", "rpc_failed"})
-
-
-def _exit_code(code: str) -> int:
-    if code == "unsatisfiable":
-        return EXIT_UNSATISFIABLE
-    return EXIT_INTERNAL if code in SERVICE_ERRORS else EXIT_INVALID
-
-
-def error_document(code: str, message: str, **extra: str) -> dict[str, dict[str, str]]:
-    return {"error": {"code": code, "message": message, **extra}}
-
-
-def _write(doc: Mapping[str, Any]) -> None:
-    # Indented for a person at a terminal, one line for a program: indenting takes json's pure-Python
-    # encoder, 4-5 times slower on a 10,000-node ranking. ASCII escapes keep the output valid
-    # whatever the stream's encoding.
-    indent = 2 if sys.stdout.isatty() else None
-    sys.stdout.write(json.dumps(doc, indent=indent) + "\n")
-
-
-class _JsonErrorParser(argparse.ArgumentParser):
-    """Per-policy parser whose usage errors (bad --pid, missing --request …) follow the JSON contract."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        _write(error_document("usage", f"{self.prog}: {message}"))
-        sys.exit(EXIT_INVALID)
-
-
-# ---- command line ------------------------------------------------------------------------------------
-def add_commands(subparsers: Any) -> None:
-    """Register ``plan`` on the ``memtopo`` sub-command parser."""
-    plan = subparsers.add_parser(
-        "plan", help="run a placement policy on a JSON request and print the decision as JSON",
-        description="Exit status: 0 decision, 1 unsatisfiable, 2 invalid request/topology/root or usage, "
-                    "3 internal error. Errors are {\"error\": {\"code\", \"message\"}} on stdout.")
-    policies = plan.add_subparsers(dest="policy", required=True, metavar="POLICY", parser_class=_JsonErrorParser)
-
-    cb = policies.add_parser("cpu-binding", help="CPU pools and roles per running Ascend NPU (seed 000)")
-    _request_and_root(cb)
-    _plan_options(cb, "binding this process by thread role")
-    cb.add_argument("--npu", type=int, help="whose pool the process gets (default: the NPU that lists the pid "
-                                            "among its processes, or the only running NPU)")
-    cb.set_defaults(func=cmd_plan, run=run_cpu_binding)
-
-    pl = policies.add_parser("place", help="CPUs, GPUs and memory for one allocation on the node (seed 002)")
-    _request_and_root(pl)
-    _plan_options(pl, "binding this process to the CPUs and memory chosen")
-    pl.set_defaults(func=cmd_plan, run=run_place)
-
-    for name, run, text, root in (
-        ("guest-pci", run_guest_pci, "NUMA-aware guest PCIe topology for passthrough devices (seed 004)", True),
-        ("hccs", run_hccs, "rank Ascend 910 nodes for a job by HCCS ring (seed 001)", False),
-        ("xpu", run_xpu, "rank Kunlunxin P800 nodes for a task by MTF (seed 003)", False),
-    ):
-        p = policies.add_parser(name, help=text)
-        _request_and_root(p, root=root)
-        p.set_defaults(func=cmd_plan, run=run)
-
-    mtf = policies.add_parser("mtf", help="MTF (minimized tasks to fill) of one Kunlunxin P800 node")
-    mtf.add_argument("occupancy", help='8 characters of 0/1, the rightmost is XPU 0 ("00000011")')
-    mtf.set_defaults(func=cmd_mtf)
-
-
-def _plan_options(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--pid", type=int, help=f"also emit a BindingPlan {what}")
-    p.add_argument("--plan-id", help="the plan's id (default: derived from the plan's content)")
-    p.add_argument("--emit", choices=EMIT_CHOICES,
-                   help="what to print: default decision, or both ({\"decision\", \"plan\"}) with --pid; "
-                        "plan prints the bare BindingPlan for `memtopo apply -`")
 
 
 def _check_plan_options(args: argparse.Namespace) -> None:
@@ -147,57 +40,6 @@ def _check_plan_options(args: argparse.Namespace) -> None:
         given.append(f"--emit {args.emit}")
     if given:
         raise UsageError(f"{given[0]} needs --pid: there is no plan without a process to bind")
-
-
-def _request_and_root(p: argparse.ArgumentParser, root: bool = True) -> None:
-    p.add_argument("--request", required=True, metavar="FILE", help="the JSON request, or - for stdin")
-    if root:
-        p.add_argument("--root", help="take topology facts from this captured root (directory or .tar.*) "
-                                      "instead of this host")
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    return answer(lambda: _emit(args, args.run(args, read_request(args.request))))
-
-
-def cmd_mtf(args: argparse.Namespace) -> int:
-    return answer(lambda: xpu.mtf_of(args.occupancy))
-
-
-def answer(produce: Callable[[], dict[str, Any]]) -> int:
-    """Run ``produce`` and print its document (a decision, or an error document it returns), or the
-    error document of what it raised; the exit status."""
-    try:
-        doc = produce()
-    except place.ConstraintError as exc:
-        doc = error_document(exc.code, exc.message, constraint=exc.constraint)
-    except PlanError as exc:
-        doc = error_document(exc.code, exc.message)
-    except UsageError as exc:
-        doc = error_document("usage", str(exc))
-    except CaptureError as exc:
-        doc = error_document("invalid_root", str(exc))
-    except Exception as exc:  # the contract is a JSON answer, never a traceback
-        frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        where = f" at {frame.filename}:{frame.lineno}" if frame else ""
-        doc = error_document("internal", f"{type(exc).__name__}: {exc}{where} (a bug in memtopo; please report it)")
-    _write(doc)
-    return _exit_code(doc["error"]["code"]) if "error" in doc else EXIT_OK
-
-
-# ---- request -----------------------------------------------------------------------------------------
-def read_request(source: str) -> Any:
-    """The request from a file or ``-`` (stdin), decoded."""
-    if source == "-":
-        stream = getattr(sys.stdin, "buffer", sys.stdin)
-        data: str | bytes = stream.read(MAX_REQUEST_BYTES + 1)
-    else:
-        try:
-            with open(source, "rb") as f:
-                data = f.read(MAX_REQUEST_BYTES + 1)
-        except OSError as exc:
-            raise PlanError("invalid_request", f"request: cannot read {source}: {exc.strerror or exc}") from None
-    return parse_json(data)
 
 
 # ---- topology facts ----------------------------------------------------------------------------------
@@ -219,8 +61,7 @@ class Facts:
 
 @contextmanager
 def _context(root: str | None) -> Iterator[ProbeContext]:
-    # agent.cli imports this module to register `plan`, so its context_for is imported when used.
-    from agent.cli import context_for
+    from memtopo.cli.main import context_for
 
     with context_for(root, None) as ctx:
         yield ctx
@@ -228,9 +69,16 @@ def _context(root: str | None) -> Iterator[ProbeContext]:
 
 def discover_facts(root: str | None, with_irqs: bool = False) -> Facts:
     """Discovery of ``root`` (None: this host); with the NPUs' IRQs when a plan will bind them."""
-    with _context(root) as ctx:
-        topo = discover(ctx)
-        found = npu_irqs(HostFiles(ctx.fs), topo) if with_irqs else {}
+    from memtopo.apply.host import HostFiles
+    from memtopo.discovery.capture import CaptureError
+    from memtopo.discovery.discover import discover
+
+    try:
+        with _context(root) as ctx:
+            topo = discover(ctx)
+            found = npu_irqs(HostFiles(ctx.fs), topo) if with_irqs else {}
+    except CaptureError as exc:
+        raise InvalidRootError(str(exc)) from None
     return Facts(topo, root if root is not None else LIVE, found)
 
 
@@ -238,6 +86,8 @@ def npu_irqs(files: HostFiles, topo: pb.MemoryTopology) -> dict[int, cpu_binding
     """Each NPU's SQ and CQ IRQs: its PCI function's ``msi_irqs`` whose action is
     ``sq_send_trigger_irq`` / ``cq_update_irq`` (notes cpu_binding §A.10, without its CQ = SQ + 1
     guess). NPUs without such vectors are left out, so the plan falls back as the planner decides."""
+    from memtopo.apply import irqs
+
     table: dict[int, irqs.IrqLine] | None = None
     out: dict[int, cpu_binding.NpuIrqs] = {}
     for acc in topo.accelerators:
@@ -336,6 +186,8 @@ def default_plan_id(plan: planpb.BindingPlan, subject: str) -> str:
     """``<policy>-<subject>-<12 hex of the content>`` (subject ``pid<P>-npu<N>``, ``pid<P>``):
     planning the same thing again gives the same id, which apply answers from its store; a different
     plan gets a different id instead of a clash."""
+    from memtopo.apply.journal import plan_hash
+
     anonymous = planpb.BindingPlan()
     anonymous.CopyFrom(plan)
     anonymous.plan_id = ""
@@ -433,23 +285,10 @@ def plan_json(plan: planpb.BindingPlan) -> dict[str, Any]:
     return json_format.MessageToDict(plan, preserving_proto_field_name=True)
 
 
-def _emit(args: argparse.Namespace, out: PlanOutput) -> dict[str, Any]:
+def emit(args: argparse.Namespace, out: PlanOutput) -> dict[str, Any]:
     emit: str | None = getattr(args, "emit", None)
     if out.plan is None or emit == "decision":
         return out.decision
     if emit == "plan":
         return plan_json(out.plan)
     return {"decision": out.decision, "plan": plan_json(out.plan)}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m agent.plan_cli plan …``) until agent/cli.py registers the command."""
-    parser = argparse.ArgumentParser(prog="memtopo")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    rc: int = args.func(args)
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Each command loads only its own machinery: the modules a fresh process holds after one command,
+checked against what that command must never need (grpc for anything but the agent's and the
+controller's clients and servers, discovery for a planner decision on a complete request, …)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import HWLOC_XML, REPO
+
+PROBE = r"""
+import contextlib, io, json, sys
+from memtopo.cli.main import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        main(sys.argv[1:])
+    except SystemExit:
+        pass
+print(json.dumps(sorted(sys.modules)))
+"""
+
+HEAVY = ("grpc", "google.protobuf", "pyhwloc", "memtopo.discovery", "memtopo.agent", "memtopo.controller.server",
+         "memtopo.apply.engine", "memtopo.planner.place", "memtopo.v1")
+
+
+def loaded_by(*argv: str) -> set[str]:
+    res = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, cwd=REPO, check=True)
+    return set(json.loads(res.stdout.splitlines()[-1]))
+
+
+def loaded(modules: set[str], prefix: str) -> list[str]:
+    return sorted(m for m in modules if m == prefix or m.startswith(prefix + "."))
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("--version",), ("plan", "--help"), ("query", "--help"),
+                                  ("controller", "nodes", "--help"), ("apply", "--help")])
+def test_help_and_version_load_nothing_heavy(argv: tuple[str, ...]) -> None:
+    modules = loaded_by(*argv)
+    assert "argparse" in modules  # the probe did run the command
+    assert not [m for p in HEAVY for m in loaded(modules, p)]
+
+
+def test_plan_mtf_is_the_xpu_policy_alone() -> None:
+    modules = loaded_by("plan", "mtf", "00000011")
+    assert "memtopo.planner.xpu" in modules
+    for prefix in ("grpc", "google.protobuf", "pyhwloc", "memtopo.discovery", "memtopo.apply.engine",
+                   "memtopo.agent", "memtopo.planner.place", "memtopo.planner.hccs"):
+        assert not loaded(modules, prefix), prefix
+
+
+def test_topo_discovers_without_grpc_apply_or_the_planner() -> None:
+    modules = loaded_by("topo", "--hwloc-xml", str(HWLOC_XML / "nvidiaDGX2.xml"), "--format", "json")
+    assert "memtopo.discovery.discover" in modules and "google.protobuf" in modules
+    for prefix in ("grpc", "memtopo.agent", "memtopo.controller.server", "memtopo.apply.engine", "memtopo.planner.hccs",
+                   "memtopo.planner.place"):
+        assert not loaded(modules, prefix), prefix
+
+
+def test_plan_with_a_complete_request_does_not_discover(tmp_path: Path) -> None:
+    request = tmp_path / "hccs.json"
+    request.write_text(json.dumps({"request": 1, "nodes": [{"name": "n1", "available": [0, 1, 2, 3]}]}))
+    modules = loaded_by("plan", "hccs", "--request", str(request))
+    assert "memtopo.planner.hccs" in modules
+    for prefix in ("grpc", "pyhwloc", "memtopo.discovery", "memtopo.agent"):
+        assert not loaded(modules, prefix), prefix
+
+
+def test_apply_loads_no_grpc() -> None:
+    modules = loaded_by("apply", "/nonexistent/plan.json")
+    assert "memtopo.cli.apply" in modules
+    assert not loaded(modules, "grpc") and not loaded(modules, "memtopo.agent")
