@@ -11,6 +11,9 @@ Three parts, all replaceable in tests:
   emulate a kernel filesystem; the checks stay here (one overriding ``_write`` alone gets its
   write-then-read as a write through it and a separate read).
 * a :class:`discovery.runner.Runner` for the one tool the engine may run (``systemctl``).
+* :class:`StateFiles`: the few primitives the journal and the results are written with (write,
+  fdatasync, reserve, release, truncate): where a full disk shows, so tests can answer ENOSPC or a
+  short write at any of them without filling a filesystem.
 
 :class:`Procs` reads process state (``/proc/PID/…``) through the same root.
 """
@@ -18,6 +21,7 @@ Three parts, all replaceable in tests:
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import itertools
 import os
@@ -402,6 +406,71 @@ class HostFiles:
         os.rmdir(path)
 
 
+# ---- the state directory's writes -----------------------------------------------------------------
+# linux/falloc.h
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+@functools.cache
+def _libc_fallocate() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class StateFiles:
+    """System calls on the state directory's open files. Errors are OSError; the journal turns
+    them into StateError. ``write`` returns what write(2) returns: a short count is the caller's
+    to notice (a filesystem that fills up mid-write answers with one)."""
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def reserve(self, fd: int, offset: int, length: int) -> bool:
+        """Allocate ``length`` bytes from ``offset`` without changing the file's size (appends go
+        on landing at its end), so later writes there cannot meet a full disk. False where the
+        filesystem cannot (no fallocate): the writes are still checked. ENOSPC raises."""
+        fn = _libc_fallocate()
+        if fn is None or length <= 0:
+            return False
+        if fn(fd, FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+            return True
+        code = ctypes.get_errno()
+        if code in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise OSError(code, os.strerror(code))
+
+    def release(self, fd: int, offset: int, length: int) -> None:
+        """Give back what :meth:`reserve` allocated beyond the data (best effort: a filesystem
+        that cannot punch keeps the blocks until the file is truncated or removed)."""
+        fn = _libc_fallocate()
+        if fn is not None and length > 0:
+            fn(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+
+
+def write_all(io: StateFiles, fd: int, data: bytes) -> None:
+    """Every byte or OSError: a short write is retried for the rest, and a write that makes no
+    progress is the full disk it stands for (ENOSPC)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = io.write(fd, view[done:])
+        if n <= 0:
+            raise OSError(errno.ENOSPC, f"short write ({done} of {len(view)} bytes)")
+        done += n
+
+
 # ---- processes ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProcStat:
@@ -515,6 +584,8 @@ class Host:
     # Where /proc/PID is read when it is not under ``files`` (an agent in a container with the
     # host's /proc mounted elsewhere; a benchmark with real processes and a fake IRQ tree).
     proc_files: HostFiles | None = None
+    # The state directory's writes (journal, results).
+    state: StateFiles = field(default_factory=StateFiles)
 
     @functools.cached_property
     def procs(self) -> Procs:

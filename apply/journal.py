@@ -6,6 +6,7 @@ Layout (``<key>`` = the first 32 hex digits of SHA-256 of the plan id, so any id
     <state>/<key>.journal.jsonl   append-only records, below
     <state>/pending/<key>         exists while that journal is unfinished: recovery reads only these
     <state>/<key>.result.json     {"plan_id", "plan_sha256", "state", "message", "result": base64 PlanResult}
+    <state>/<key>.result.tmp      the next result, written there and renamed into place
 
 Journal records (one JSON object per line, ``t`` = type)::
 
@@ -22,16 +23,27 @@ A journal with ``begin`` and no ``end``, or a ``rollback`` with no ``rolled_back
 unfinished: the next :meth:`Engine.recover` restores it. A torn last line (a crash inside a write)
 is ignored: the change it was about to guard never started, because undo records are fsynced first.
 One fsync per record batch (one per action or group of actions), never one per thread.
+
+The pending marker is made after the first write (``begin`` and the first undo records) and before
+the first change, so a marker always names a journal that holds a ``begin``: one that is missing,
+empty, not a regular file or without a readable ``begin`` was damaged after the fact, and is
+reported and kept (:class:`JournalState` ``unreadable``), never dropped. A full disk: a run
+reserves room for its journal and its result before its first change (one fallocate each, blocks
+kept beyond the end of the file so appends land in them); every write is checked for a short count
+and a failed one is cut back off the file, so a record is whole or absent.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,12 +53,21 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from apply.errors import StateError
+from apply.host import StateFiles, write_all
 from apply.undo import UndoFormatError, UndoOp, from_json, to_json
 from memtopo.v1 import plan_pb2 as planpb
 
 JOURNAL_SUFFIX = ".journal.jsonl"
 RESULT_SUFFIX = ".result.json"
+RESULT_TMP_SUFFIX = ".result.tmp"
 MAX_JOURNAL_BYTES = 256 << 20
+MAX_RESULT_BYTES = 64 << 20
+# What an error message may quote of a damaged file.
+EXCERPT_CHARS = 80
+
+# The record type and action id of a damaged line, where they survived.
+_TYPE_RE = re.compile(r'"t"\s*:\s*"(\w{1,16})"')
+_ACTION_RE = re.compile(r'"action"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
 
 
 def plan_key(plan_id: str) -> str:
@@ -80,10 +101,30 @@ class JournalState:
     # /proc/sys/kernel/random/boot_id of the boot that wrote it ("" in journals from before).
     boot_id: str = ""
     problems: list[str] = field(default_factory=list)
+    path: str = ""
+    # Why the journal as a whole cannot be used (unreadable, not a regular file, no ``begin``).
+    unreadable: str = ""
+    # Damaged undo records: (line number, the action id where it survived, else "").
+    damaged: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def unfinished(self) -> bool:
         return bool(self.plan_id) and (not self.ended or self.rollback_open)
+
+    def unrestorable(self, plan_actions: Sequence[str]) -> dict[str, str]:
+        """Actions whose previous state may be lost in a damaged line: {action id: why}. A damaged
+        undo record that still names its action names that one; one that does not names every
+        action of the plan with no readable undo record (any of them may have been changed)."""
+        out: dict[str, str] = {}
+        read = {aid for aid, _ in self.undo.values()}
+        for line, aid in self.damaged:
+            if aid:
+                out.setdefault(aid, f"its undo record (journal line {line}) is unreadable")
+            else:
+                for a in plan_actions:
+                    if a not in read:
+                        out.setdefault(a, f"journal line {line} is unreadable and may have held its undo record")
+        return out
 
     def ops_in_order(self) -> list[tuple[int, str, list[UndoOp]]]:
         """Undo ops by action index, leaving out actions already undone in place."""
@@ -92,17 +133,28 @@ class JournalState:
 
 class JournalWriter:
     """Appends to one plan's journal. Records are written at once (a crash of this process keeps
-    them: they are in the page cache); ``sync`` makes them durable."""
+    them: they are in the page cache); ``sync`` makes them durable. A write that fails or comes up
+    short is cut back off the file and raises StateError: the journal holds whole records only."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, io: StateFiles | None = None, reserve: int = 0) -> None:
         self.path = path
+        self.io = io or StateFiles()
         # Records held back until the next write (``begin``): one write(2) instead of two, and
         # nothing a crash could lose that recovery needs (no change happens before that write).
         self._held = b""
+        # Room to reserve with the first write, beyond that write itself.
+        self._reserve = reserve
+        self.written = 0  # records written by this writer (bytes)
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise StateError(f"{path}: {exc.strerror}") from exc
+        try:
+            self._size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            os.close(self._fd)
+            raise StateError(f"{path}: {exc.strerror}") from exc
+        self._reserved_to = self._size
 
     def hold(self, records: Sequence[dict[str, Any]]) -> None:
         """Write these with the next :meth:`write` (or :meth:`close`)."""
@@ -112,11 +164,19 @@ class JournalWriter:
         data = self._held + _encode(records)
         self._held = b""
         try:
-            os.write(self._fd, data)
+            if self._reserve:
+                want, self._reserve = len(data) + self._reserve, 0
+                if self.io.reserve(self._fd, self._size, want):
+                    self._reserved_to = self._size + want
+            write_all(self.io, self._fd, data)
             if sync:
-                os.fdatasync(self._fd)
+                self.io.fdatasync(self._fd)
         except OSError as exc:
-            raise StateError(f"{self.path}: {exc.strerror}") from exc
+            with contextlib.suppress(OSError):
+                self.io.truncate(self._fd, self._size)
+            raise StateError(f"{self.path}: {exc.strerror or exc}") from exc
+        self._size += len(data)
+        self.written += len(data)
 
     def undo(self, entries: Sequence[tuple[int, str, Sequence[UndoOp]]]) -> None:
         """The previous values of the next changes: one fsync for all of them."""
@@ -124,10 +184,63 @@ class JournalWriter:
                     for i, aid, ops in entries], sync=True)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, StateError):
             if self._held:
-                os.write(self._fd, self._held)
+                self.write([])
+        with contextlib.suppress(OSError):
+            if self._reserved_to > self._size:
+                self.io.release(self._fd, self._size, self._reserved_to - self._size)
             os.close(self._fd)
+
+
+class ResultSlot:
+    """The file a run's result is written into, made and reserved before its first change (a
+    result that cannot be stored must not be found out after the host changed), renamed into
+    place by :meth:`commit`."""
+
+    def __init__(self, tmp: Path, final: Path, io: StateFiles, reserve: int) -> None:
+        self.tmp = tmp
+        self.final = final
+        self.io = io
+        self._reserved = 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            self._fd: int | None = os.open(tmp, flags, 0o600)
+        except OSError as exc:
+            raise StateError(f"{tmp}: {exc.strerror}") from exc
+        try:
+            if reserve and io.reserve(self._fd, 0, reserve):
+                self._reserved = reserve
+        except OSError as exc:
+            self.discard()
+            raise StateError(f"{tmp}: cannot reserve {reserve} bytes for the result: {exc.strerror or exc}") from exc
+
+    def commit(self, body: bytes) -> None:
+        """Write, check, rename. Any failure removes the file and raises StateError."""
+        fd = self._fd
+        if fd is None:
+            raise StateError(f"{self.tmp}: result slot already used")
+        self._fd = None
+        try:
+            try:
+                write_all(self.io, fd, body)
+                if self._reserved > len(body):
+                    self.io.release(fd, len(body), self._reserved - len(body))
+            finally:
+                os.close(fd)
+            os.replace(self.tmp, self.final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            raise StateError(f"{self.final}: {exc.strerror or exc}") from exc
+
+    def discard(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
 
 
 # One encoder for every record: json.dumps with non-default separators builds a new one per call,
@@ -140,9 +253,53 @@ def _encode(records: Sequence[dict[str, Any]]) -> bytes:
     return "".join([encode(r) + "\n" for r in records]).encode()
 
 
+def excerpt(text: str) -> str:
+    """A short, escaped excerpt of what a damaged file held, for messages."""
+    short = text[:EXCERPT_CHARS]
+    return ascii(short) + ("…" if len(text) > EXCERPT_CHARS else "")
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` + 1 of them: never through a symlink, never a FIFO
+    or a device (O_NONBLOCK: opening a FIFO cannot block). OSError with the reason."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(0, f"not a regular file ({_kind(mode)})")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "a symlink (refused)"
+    if exc.errno == errno.ENOENT:
+        return "missing"
+    return str(exc.strerror or exc)
+
+
 class StateStore:
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], io: StateFiles | None = None) -> None:
         self.dir = Path(state_dir)
+        self.io = io or StateFiles()
 
     def ensure(self) -> None:
         try:
@@ -202,28 +359,37 @@ class StateStore:
 
     def pending(self) -> list[JournalState]:
         """Unfinished journals, found through their markers: every apply looks for them, and
-        reading every journal of a long-lived state directory each time would grow without end."""
+        reading every journal of a long-lived state directory each time would grow without end.
+        A marker whose journal cannot be used is returned with ``unreadable`` set, and kept."""
         out: list[JournalState] = []
         pending_dir = self.dir / "pending"
         if not pending_dir.is_dir():
             return out
         for key in sorted(os.listdir(pending_dir)):
             path = self.dir / f"{key}{JOURNAL_SUFFIX}"
-            if not path.exists():
-                with contextlib.suppress(FileNotFoundError):
-                    (pending_dir / key).unlink()
-                continue
             st = self._read(path)
-            if st.unfinished:
+            if not st.plan_id and not st.unreadable:
+                st.unreadable = "no readable begin record (truncated or overwritten)"
+            if st.unreadable or st.unfinished:
                 out.append(st)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     (pending_dir / key).unlink()
         return out
 
-    def begin(self, plan: planpb.BindingPlan, sha: str, boot_id: str = "") -> JournalWriter:
-        self.mark_open(plan.plan_id)
-        w = JournalWriter(self.journal_path(plan.plan_id))
+    def marker_path(self, key: str) -> Path:
+        return self.dir / "pending" / key
+
+    def begin(self, plan: planpb.BindingPlan, sha: str, boot_id: str = "", reserve: int = 0) -> JournalWriter:
+        """The writer of a new run; ``begin`` goes out with its first write, which also reserves
+        ``reserve`` bytes beyond itself. The caller marks the journal open after that write."""
+        try:
+            w = JournalWriter(self.journal_path(plan.plan_id), self.io, reserve)
+        except StateError:
+            if self.dir.is_dir():
+                raise
+            self.ensure()  # the state directory is made on first use
+            w = JournalWriter(self.journal_path(plan.plan_id), self.io, reserve)
         # Not written on its own: it goes out with the first undo record, whose fsync covers it.
         w.hold([{"t": "begin", "plan_id": plan.plan_id, "plan_sha256": sha, "pid": os.getpid(),
                   "boot_id": boot_id, "time": time.time(),
@@ -231,14 +397,26 @@ class StateStore:
         return w
 
     def append(self, plan_id: str, records: Sequence[dict[str, Any]], sync: bool = False) -> None:
-        w = JournalWriter(self.journal_path(plan_id))
+        w = JournalWriter(self.journal_path(plan_id), self.io)
         try:
             w.write(records, sync)
         finally:
             w.close()
 
     # ---- results -----------------------------------------------------------------------------------
-    def save_result(self, plan_id: str, sha: str, result: planpb.PlanResult) -> None:
+    def result_slot(self, plan_id: str, reserve: int = 0) -> ResultSlot:
+        """Where the next result of this plan id is written (see :meth:`save_result`)."""
+        final = self.result_path(plan_id)
+        tmp = self.dir / f"{plan_key(plan_id)}{RESULT_TMP_SUFFIX}"
+        try:
+            return ResultSlot(tmp, final, self.io, reserve)
+        except StateError:
+            if self.dir.is_dir():
+                raise
+        self.ensure()  # the state directory is made on first use
+        return ResultSlot(tmp, final, self.io, reserve)
+
+    def save_result(self, plan_id: str, sha: str, result: planpb.PlanResult, slot: ResultSlot | None = None) -> None:
         """Atomically (write beside, rename): a reader sees the old result or the new one.
 
         Not fsynced, unlike undo records: what a result describes (affinities, cpusets, IRQ masks)
@@ -246,54 +424,63 @@ class StateStore:
         can be applied again. The proto is stored serialized (proto3 JSON costs more than the
         rest of a plan); ``state`` and ``message`` beside it are for people reading the directory.
         """
-        path = self.result_path(plan_id)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
         body = json.dumps({"plan_id": plan_id, "plan_sha256": sha, "state": planpb.PlanResult.State.Name(result.state),
                            "message": result.message,
                            "result": base64.b64encode(result.SerializeToString()).decode()})
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        try:
-            try:
-                fd = os.open(tmp, flags, 0o600)
-            except FileNotFoundError:  # the state directory is made on first use
-                self.ensure()
-                fd = os.open(tmp, flags, 0o600)
-            try:
-                os.write(fd, body.encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise StateError(f"{path}: {exc.strerror}") from exc
+        (slot or self.result_slot(plan_id)).commit(body.encode())
 
     def load_result(self, plan_id: str) -> StoredResult | None:
         return self._load(self.result_path(plan_id))
 
     def _load(self, path: Path) -> StoredResult | None:
         try:
-            obj = json.loads(path.read_text())
-            result = planpb.PlanResult()
-            result.ParseFromString(base64.b64decode(obj["result"]))
-            return StoredResult(str(obj["plan_id"]), str(obj["plan_sha256"]), result)
+            data = read_regular(path, MAX_RESULT_BYTES)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, DecodeError) as exc:
-            raise StateError(f"{path}: unreadable result: {exc}") from exc
+        except OSError as exc:
+            raise StateError(f"{path}: unreadable result: {_reason(exc)}") from exc
+        if len(data) > MAX_RESULT_BYTES:
+            raise StateError(f"{path}: unreadable result: larger than {MAX_RESULT_BYTES} bytes")
+        try:
+            obj = json.loads(data)
+            result = planpb.PlanResult()
+            result.ParseFromString(base64.b64decode(obj["result"], validate=True))
+            return StoredResult(str(obj["plan_id"]), str(obj["plan_sha256"]), result)
+        except (ValueError, KeyError, TypeError, DecodeError) as exc:
+            raise StateError(f"{path}: unreadable result ({type(exc).__name__}): "
+                             f"{excerpt(data.decode('utf-8', 'replace'))}") from exc
 
     def results(self) -> list[StoredResult]:
+        """Every stored result; one that cannot be read is listed as such (state unspecified, the
+        reason in its message, the plan id from its journal where that says), not an error for all."""
         if not self.dir.is_dir():
             return []
         out = []
         for path in sorted(self.dir.glob(f"*{RESULT_SUFFIX}")):
-            stored = self._load(path)
+            try:
+                stored = self._load(path)
+            except StateError as exc:
+                key = path.name.removesuffix(RESULT_SUFFIX)
+                js = self._read(self.dir / f"{key}{JOURNAL_SUFFIX}")
+                bad = planpb.PlanResult(plan_id=js.plan_id, state=planpb.PlanResult.STATE_UNSPECIFIED,
+                                        message=f"{exc}; the plan's journal is {self.dir / (key + JOURNAL_SUFFIX)}")
+                out.append(StoredResult(js.plan_id, js.plan_sha256, bad))
+                continue
             if stored is not None:
                 out.append(stored)
         return out
 
     # ---- journals ----------------------------------------------------------------------------------
     def read_journal(self, plan_id: str) -> JournalState | None:
+        """None when this plan id has no journal; one that exists but cannot be used comes back
+        with ``unreadable`` set."""
         path = self.journal_path(plan_id)
-        return self._read(path) if path.exists() else None
+        if not os.path.lexists(path):
+            return None
+        st = self._read(path)
+        if not st.plan_id and not st.unreadable:
+            st.unreadable = "no readable begin record (truncated or overwritten)"
+        return st
 
     def journals(self) -> list[JournalState]:
         if not self.dir.is_dir():
@@ -301,15 +488,17 @@ class StateStore:
         return [self._read(p) for p in sorted(self.dir.glob(f"*{JOURNAL_SUFFIX}"))]
 
     def _read(self, path: Path) -> JournalState:
-        st = JournalState(path.name.removesuffix(JOURNAL_SUFFIX))
+        st = JournalState(path.name.removesuffix(JOURNAL_SUFFIX), path=str(path))
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_JOURNAL_BYTES + 1)
+            data = read_regular(path, MAX_JOURNAL_BYTES)
         except OSError as exc:
-            st.problems.append(f"{path}: {exc.strerror}")
+            st.unreadable = _reason(exc)
+            st.problems.append(f"{path}: {st.unreadable}")
             return st
         if len(data) > MAX_JOURNAL_BYTES:
-            st.problems.append(f"{path}: larger than {MAX_JOURNAL_BYTES} bytes")
+            st.unreadable = f"larger than {MAX_JOURNAL_BYTES} bytes"
+            st.problems.append(f"{path}: {st.unreadable}")
+            return st
         lines = data.decode("utf-8", "replace").split("\n")
         for n, line in enumerate(lines):
             if not line.strip():
@@ -317,10 +506,14 @@ class StateStore:
             try:
                 rec = json.loads(line)
                 self._apply_record(st, rec)
-            except (ValueError, KeyError, TypeError, UndoFormatError, DecodeError) as exc:
-                if n >= len(lines) - 2:
-                    continue  # torn last record: its change never started
-                st.problems.append(f"{path} line {n + 1}: {exc}")
+            except (ValueError, KeyError, TypeError, AttributeError, UndoFormatError, DecodeError) as exc:
+                if n == len(lines) - 1:
+                    continue  # torn last record (no newline after it): its change never started
+                st.problems.append(f"{path} line {n + 1}: {type(exc).__name__}: {excerpt(str(exc))}")
+                kind = _TYPE_RE.search(line[:200])
+                if kind is None or kind.group(1) == "undo":
+                    aid = _ACTION_RE.search(line[:600])
+                    st.damaged.append((n + 1, _unescape(aid.group(1)) if aid else ""))
         return st
 
     @staticmethod
@@ -347,3 +540,10 @@ class StateStore:
         elif kind == "rolled_back":
             st.rollback_open = False
             st.rolled_back = True
+
+
+def _unescape(text: str) -> str:
+    try:
+        return str(json.loads(f'"{text}"'))
+    except ValueError:
+        return text
