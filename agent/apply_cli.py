@@ -1,6 +1,6 @@
 """``memtopo apply``, ``memtopo rollback`` and ``memtopo exec``.
 
-    memtopo apply PLAN.json|- [--dry-run] [--state-dir DIR] [--format text|json]
+    memtopo apply PLAN.json|- [--dry-run] [--state-dir DIR] [--agent-socket PATH] [--format text|json]
     memtopo rollback PLAN_ID [--state-dir DIR] [--format text|json]
     memtopo exec [--cpus LIST] [--membind NODES | --interleave NODES|all | --preferred NODE | --localalloc]
                  -- CMD [ARG ...]
@@ -27,7 +27,7 @@ from apply import launch
 from apply.config import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES, ApplyConfig
 from apply.engine import Engine, Hook
 from apply.errors import ApplyError
-from apply.host import Host
+from apply.host import Host, flock_holders
 from apply.planio import load_plan, to_json
 from discovery.cpulist import CpuListError, parse_cpulist
 from discovery.discover import discover
@@ -47,6 +47,9 @@ P = planpb.PlanResult
 
 OK_STATES = (P.STATE_APPLIED, P.STATE_UNCHANGED, P.STATE_DRY_RUN)
 
+# The agent's default sockets (agent/config.py ListenConfig): it holds an flock on PATH.lock.
+AGENT_SOCKETS = ("/run/memtopo/agent.sock", "/run/memtopo/agent-read.sock")
+
 
 def add_commands(subparsers: Any) -> None:
     """Register apply, rollback and exec on the ``memtopo`` sub-command parser."""
@@ -58,6 +61,9 @@ def add_commands(subparsers: Any) -> None:
                     help="what to do about a running irqbalance (default: ban the plan's IRQs)")
     ap.add_argument("--cgroup-prefix", action="append", default=None, metavar="PATH",
                     help="cgroup path the plan may change (repeatable; default: memtopo)")
+    ap.add_argument("--agent-socket", action="append", default=None, metavar="PATH",
+                    help="a running agent's socket: the holder of its lock (PATH.lock) is never a target "
+                         f"(repeatable; default: {' and '.join(AGENT_SOCKETS)})")
     ap.set_defaults(func=cmd_apply)
 
     rb = subparsers.add_parser("rollback", help="restore what an applied plan changed")
@@ -114,7 +120,14 @@ def _engine(args: argparse.Namespace) -> Engine:
         overrides["irqbalance"] = args.irqbalance
     if getattr(args, "cgroup_prefix", None):
         overrides["cgroup_prefixes"] = tuple(args.cgroup_prefix)
-    return Engine(Host.live(), lambda: discover(ProbeContext.live()), _state_dir(args), ApplyConfig(**overrides),
+    host = Host.live()
+    if hasattr(args, "agent_socket"):
+        # The running agent is protected like this process: pinning its threads from here would
+        # bypass the refusal its own ApplyPlan makes.
+        sockets = args.agent_socket or AGENT_SOCKETS
+        agents = flock_holders(host.files, [f"{s}.lock" for s in sockets])
+        overrides["protected_pids"] = tuple(sorted(p for p in agents if p != os.getpid()))
+    return Engine(host, lambda: discover(ProbeContext.live()), _state_dir(args), ApplyConfig(**overrides),
                   hook=_pause_hook())
 
 

@@ -174,10 +174,8 @@ class Engine:
     def unreadable(self) -> list[JournalState]:
         """Unfinished journals the last recovery could not read and whose pending marker is still
         there (an operator removes it once the host is dealt with; the journal stays)."""
-        gone = [k for k in self._unreadable if not os.path.lexists(self.store.marker_path(k))]
-        for k in gone:
-            self._unreadable.pop(k, None)
-        return list(self._unreadable.values())
+        # Read from other threads (readiness, metrics): the dict is replaced, never changed.
+        return [js for key, js in list(self._unreadable.items()) if os.path.lexists(self.store.marker_path(key))]
 
     def unreadable_message(self) -> str:
         bad = self.unreadable

@@ -574,6 +574,44 @@ class Procs:
         return [int(n) for n in self.files.listdir("proc") if n.isdigit()]
 
 
+def parse_proc_locks(text: str) -> dict[tuple[int, int, int], set[int]]:
+    """``/proc/locks``: {(major, minor, inode): pids holding a lock on it}; blocked waiters
+    (``->`` lines) are not holders. A line that does not parse is skipped."""
+    out: dict[tuple[int, int, int], set[int]] = {}
+    for line in text.split("\n"):
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":
+            continue
+        try:
+            pid = int(fields[4])
+            major, minor, inode = fields[5].split(":")
+            key = (int(major, 16), int(minor, 16), int(inode))
+        except ValueError:
+            continue
+        if pid > 0:
+            out.setdefault(key, set()).add(pid)
+    return out
+
+
+def flock_holders(files: HostFiles, paths: Iterable[str]) -> dict[int, str]:
+    """Processes holding a lock on any of these (live) files, from ``/proc/locks``: {pid: path}.
+    The kernel drops a lock with its holder, so a stale file names no one (a pid file could)."""
+    wanted: dict[tuple[int, int, int], str] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        wanted[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = path
+    if not wanted:
+        return {}
+    try:
+        locks = parse_proc_locks(files.read_big("proc/locks"))
+    except HostReadError:
+        return {}
+    return {pid: wanted[key] for key, pids in locks.items() if key in wanted for pid in pids}
+
+
 @dataclass(frozen=True)
 class Host:
     """One host as the engine sees it: its system calls, its files, and its tools (systemctl)."""
