@@ -58,9 +58,9 @@ Hook = Callable[[str, planpb.PlanAction], None]
 # Room reserved before a run's first change: its first journal write (begin and the first undo
 # records) and this much beyond it, and this much for its result. Estimates: a record that does not
 # fit is still checked, and its failure restores everything.
-JOURNAL_RESERVE_BASE = 32 << 10
-JOURNAL_RESERVE_PER_ACTION = 2 << 10
-RESULT_RESERVE_BASE = 16 << 10
+JOURNAL_RESERVE_BASE = 8 << 10
+JOURNAL_RESERVE_PER_ACTION = 1 << 10
+RESULT_RESERVE_BASE = 4 << 10
 RESULT_RESERVE_PER_ACTION = 1 << 10
 
 

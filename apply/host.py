@@ -20,6 +20,7 @@ Three parts, all replaceable in tests:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -456,7 +457,11 @@ class StateFiles:
         that cannot punch keeps the blocks until the file is truncated or removed)."""
         fn = _libc_fallocate()
         if fn is not None and length > 0:
+            # tmpfs frees blocks beyond the end on a punch; ext4 clamps a punch to the size and
+            # frees them on a truncate to it instead (which tmpfs ignores when the size is unchanged).
             fn(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, offset)
 
 
 def write_all(io: StateFiles, fd: int, data: bytes) -> None:

@@ -475,7 +475,7 @@ class StateStore:
         """None when this plan id has no journal; one that exists but cannot be used comes back
         with ``unreadable`` set."""
         path = self.journal_path(plan_id)
-        if not os.path.lexists(path):
+        if not os.path.lexists(path) and not os.path.lexists(self.marker_path(plan_key(plan_id))):
             return None
         st = self._read(path)
         if not st.plan_id and not st.unreadable:
