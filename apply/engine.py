@@ -15,9 +15,10 @@ action changes what they read.
   under a used id is rejected.
 * An interrupted run (crash, SIGKILL) leaves an unfinished journal; :meth:`Engine.recover` (also
   run before every apply) restores it. :meth:`Engine.rollback` restores a finished one on request.
-* The state directory fills up: room for the journal and the result is reserved before the first
-  change; a journal or result write that still fails after a change restores everything started,
-  like a failed required action, and says so. The restore itself never waits on the disk.
+* The state directory fills up: its reserve is checked before the first change (nothing changes
+  without it) and given up to the writes after it; a journal or result write that still fails
+  after a change restores everything started, like a failed required action, and says so. The
+  restore itself never waits on the disk.
 * An unfinished journal that cannot be read (:attr:`Engine.unreadable`) is kept where it is and
   every apply is refused until an operator removes its pending marker; a journal with damaged
   undo records is restored as far as it reads and names the actions it could not restore.
@@ -41,7 +42,7 @@ from apply.cgroups import Hierarchy
 from apply.config import ApplyConfig
 from apply.errors import PlanNotFoundError, StateError, UnreadableJournalError
 from apply.host import Host
-from apply.journal import JournalState, JournalWriter, ResultSlot, StateStore, StoredResult, plan_hash
+from apply.journal import JournalState, JournalWriter, StateStore, StoredResult, plan_hash
 from apply.undo import Outcome, UndoOp, restore_all
 from apply.validate import Validation, validate
 from discovery.hostfs import HostReadError
@@ -54,15 +55,6 @@ P = planpb.PlanResult
 TopologyProvider = Callable[[], pb.MemoryTopology]
 # Called with ("before_action" | "after_action", action): tests pause or kill the run here.
 Hook = Callable[[str, planpb.PlanAction], None]
-
-# Room reserved before a run's first change: its first journal write (begin and the first undo
-# records) and this much beyond it, and this much for its result. Estimates: a record that does not
-# fit is still checked, and its failure restores everything.
-JOURNAL_RESERVE_BASE = 8 << 10
-JOURNAL_RESERVE_PER_ACTION = 1 << 10
-RESULT_RESERVE_BASE = 4 << 10
-RESULT_RESERVE_PER_ACTION = 1 << 10
-
 
 OPERATOR_HINT = ("restore it by hand (the journal is kept as it was), then remove its marker "
                  "<state dir>/pending/<key> to allow applies again")
@@ -304,7 +296,8 @@ class Engine:
                 i = outcome
             return run.finish()
         finally:
-            run.discard()
+            if run.journal is not None:
+                run.journal.close()
 
     def _restore_journal(self, js: JournalState, base: planpb.PlanResult | None, why: str,
                          finished: bool = False) -> planpb.PlanResult:
@@ -459,7 +452,6 @@ class _Run:
         self.journal: JournalWriter | None = None
         # True once the first write (begin + undo) is in the journal and the plan marked pending.
         self.journaled = False
-        self.slot: ResultSlot | None = None
         self.done: list[dict[str, str]] = []
         # Actions whose changes began, in order, with their undo.
         self.started: list[tuple[int, Prepared]] = []
@@ -471,20 +463,16 @@ class _Run:
         return self.engine.host
 
     def _journal_first(self, entries: list[tuple[int, str, list[UndoOp]]]) -> None:
-        """Before the first change: reserve the result's room, write begin + the first undo
-        records with the journal's room reserved beyond them (one fsync), then mark the plan
-        pending. Any failure raises StateError with nothing changed and nothing left pending."""
+        """Before the first change: the state directory's reserve (once per apply), begin + the
+        first undo records (one fsync), then the plan marked pending. Any failure raises
+        StateError with nothing changed and nothing left pending."""
         store = self.engine.store
-        n = len(self.plan.actions)
-        self.slot = store.result_slot(self.plan.plan_id, RESULT_RESERVE_BASE + RESULT_RESERVE_PER_ACTION * n)
         try:
-            self.journal = store.begin(self.plan, self.sha, self.engine.boot_id(),
-                                       reserve=JOURNAL_RESERVE_BASE + JOURNAL_RESERVE_PER_ACTION * n)
+            store.reserve()
+            self.journal = store.begin(self.plan, self.sha, self.engine.boot_id())
             self.journal.undo(entries)
             store.mark_open(self.plan.plan_id)
         except StateError:
-            self.slot.discard()
-            self.slot = None
             if self.journal is not None:
                 self.journal.close()
                 self.journal = None
@@ -670,9 +658,8 @@ class _Run:
             msg = f"{msg}; the state directory failed while restoring: {'; '.join(self.state_errors)}"
         res = self.engine._plan_result(self.plan, state, msg, self.started_at, self.topo, self.results)
         name = P.State.Name(state)  # type: ignore[arg-type]
-        slot, self.slot = self.slot, None
         try:
-            self.engine.store.save_result(self.plan.plan_id, self.sha, res, slot)
+            self.engine.store.save_result(self.plan.plan_id, self.sha, res)
         except StateError as exc:
             if not rolled_back and self.started:
                 # Changed and unrecorded: undo it all rather than leave what no result describes.
@@ -691,9 +678,3 @@ class _Run:
             if ended and self.journaled:
                 self.engine.store.mark_closed(self.plan.plan_id)
         return res
-
-    def discard(self) -> None:
-        """After the run, whatever happened: nothing reserved stays behind."""
-        if self.slot is not None:
-            self.slot.discard()
-            self.slot = None

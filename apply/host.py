@@ -20,7 +20,6 @@ Three parts, all replaceable in tests:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import functools
@@ -408,22 +407,6 @@ class HostFiles:
 
 
 # ---- the state directory's writes -----------------------------------------------------------------
-# linux/falloc.h
-FALLOC_FL_KEEP_SIZE = 0x01
-FALLOC_FL_PUNCH_HOLE = 0x02
-
-
-@functools.cache
-def _libc_fallocate() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 class StateFiles:
     """System calls on the state directory's open files. Errors are OSError; the journal turns
     them into StateError. ``write`` returns what write(2) returns: a short count is the caller's
@@ -438,30 +421,16 @@ class StateFiles:
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
-        """Allocate ``length`` bytes from ``offset`` without changing the file's size (appends go
-        on landing at its end), so later writes there cannot meet a full disk. False where the
-        filesystem cannot (no fallocate): the writes are still checked. ENOSPC raises."""
-        fn = _libc_fallocate()
-        if fn is None or length <= 0:
-            return False
-        if fn(fd, FALLOC_FL_KEEP_SIZE, offset, length) == 0:
-            return True
-        code = ctypes.get_errno()
-        if code in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            return False
-        raise OSError(code, os.strerror(code))
-
-    def release(self, fd: int, offset: int, length: int) -> None:
-        """Give back what :meth:`reserve` allocated beyond the data (best effort: a filesystem
-        that cannot punch keeps the blocks until the file is truncated or removed)."""
-        fn = _libc_fallocate()
-        if fn is not None and length > 0:
-            # tmpfs frees blocks beyond the end on a punch; ext4 clamps a punch to the size and
-            # frees them on a truncate to it instead (which tmpfs ignores when the size is unchanged).
-            fn(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, offset)
+    def allocate(self, fd: int, length: int) -> bool:
+        """Give the file ``length`` bytes of real blocks (posix_fallocate). False where the
+        filesystem cannot; ENOSPC raises."""
+        try:
+            os.posix_fallocate(fd, 0, length)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return False
+            raise
+        return True
 
 
 def write_all(io: StateFiles, fd: int, data: bytes) -> None:

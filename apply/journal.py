@@ -27,10 +27,16 @@ One fsync per record batch (one per action or group of actions), never one per t
 The pending marker is made after the first write (``begin`` and the first undo records) and before
 the first change, so a marker always names a journal that holds a ``begin``: one that is missing,
 empty, not a regular file or without a readable ``begin`` was damaged after the fact, and is
-reported and kept (:class:`JournalState` ``unreadable``), never dropped. A full disk: a run
-reserves room for its journal and its result before its first change (one fallocate each, blocks
-kept beyond the end of the file so appends land in them); every write is checked for a short count
-and a failed one is cut back off the file, so a record is whole or absent.
+reported and kept (:class:`JournalState` ``unreadable``), never dropped.
+
+A full disk: ``<state>/.reserve`` is a file of :data:`RESERVE_BYTES` real blocks, checked (and
+allocated again if it was spent) once per apply before its first change; a run that cannot have it
+changes nothing. Every write is checked for a short count and a failed one is cut back off its
+file, so a record is whole or absent; a write that meets ENOSPC gives the reserve up to the
+filesystem and is tried once more, so the records and the result after a change find room. The
+reserve is one file kept across runs rather than blocks preallocated in each journal: on ext4
+giving back unused preallocated blocks costs a truncate (milliseconds, every run), and keeping
+them would grow the directory by the reservation with every plan.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +66,10 @@ from memtopo.v1 import plan_pb2 as planpb
 JOURNAL_SUFFIX = ".journal.jsonl"
 RESULT_SUFFIX = ".result.json"
 RESULT_TMP_SUFFIX = ".result.tmp"
+RESERVE_NAME = ".reserve"
+# Room for what a run writes after its first change (later undo records, done and end records,
+# the result): a few KiB for most plans.
+RESERVE_BYTES = 32 << 10
 MAX_JOURNAL_BYTES = 256 << 20
 MAX_RESULT_BYTES = 64 << 20
 # What an error message may quote of a damaged file.
@@ -131,20 +141,23 @@ class JournalState:
         return [(i, aid, ops) for i, (aid, ops) in sorted(self.undo.items()) if aid not in self.restored]
 
 
+# Called when a write meets a full disk: frees the state directory's reserve; True if it freed any.
+OnFull = Callable[[], bool]
+
+
 class JournalWriter:
     """Appends to one plan's journal. Records are written at once (a crash of this process keeps
     them: they are in the page cache); ``sync`` makes them durable. A write that fails or comes up
-    short is cut back off the file and raises StateError: the journal holds whole records only."""
+    short is cut back off the file; on a full disk the state directory's reserve is given up and
+    the write tried once more; then it raises StateError. The journal holds whole records only."""
 
-    def __init__(self, path: Path, io: StateFiles | None = None, reserve: int = 0) -> None:
+    def __init__(self, path: Path, io: StateFiles | None = None, on_full: OnFull | None = None) -> None:
         self.path = path
         self.io = io or StateFiles()
+        self.on_full = on_full
         # Records held back until the next write (``begin``): one write(2) instead of two, and
         # nothing a crash could lose that recovery needs (no change happens before that write).
         self._held = b""
-        # Room to reserve with the first write, beyond that write itself.
-        self._reserve = reserve
-        self.written = 0  # records written by this writer (bytes)
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
@@ -154,7 +167,6 @@ class JournalWriter:
         except OSError as exc:
             os.close(self._fd)
             raise StateError(f"{path}: {exc.strerror}") from exc
-        self._reserved_to = self._size
 
     def hold(self, records: Sequence[dict[str, Any]]) -> None:
         """Write these with the next :meth:`write` (or :meth:`close`)."""
@@ -164,19 +176,26 @@ class JournalWriter:
         data = self._held + _encode(records)
         self._held = b""
         try:
-            if self._reserve:
-                want, self._reserve = len(data) + self._reserve, 0
-                if self.io.reserve(self._fd, self._size, want):
-                    self._reserved_to = self._size + want
+            self._write(data, sync)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or self.on_full is None or not self.on_full():
+                raise StateError(f"{self.path}: {exc.strerror or exc}") from exc
+            try:
+                self._write(data, sync)
+            except OSError as again:
+                raise StateError(f"{self.path}: {again.strerror or again} (after giving up the "
+                                 "state directory's reserve)") from again
+        self._size += len(data)
+
+    def _write(self, data: bytes, sync: bool) -> None:
+        try:
             write_all(self.io, self._fd, data)
             if sync:
                 self.io.fdatasync(self._fd)
-        except OSError as exc:
+        except OSError:
             with contextlib.suppress(OSError):
                 self.io.truncate(self._fd, self._size)
-            raise StateError(f"{self.path}: {exc.strerror or exc}") from exc
-        self._size += len(data)
-        self.written += len(data)
+            raise
 
     def undo(self, entries: Sequence[tuple[int, str, Sequence[UndoOp]]]) -> None:
         """The previous values of the next changes: one fsync for all of them."""
@@ -184,63 +203,29 @@ class JournalWriter:
                     for i, aid, ops in entries], sync=True)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, StateError):
+        """Idempotent: the engine closes on every way out of a run."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(StateError):
             if self._held:
                 self.write([])
+        fd, self._fd = self._fd, -1
         with contextlib.suppress(OSError):
-            if self._reserved_to > self._size:
-                self.io.release(self._fd, self._size, self._reserved_to - self._size)
-            os.close(self._fd)
+            os.close(fd)
 
 
-class ResultSlot:
-    """The file a run's result is written into, made and reserved before its first change (a
-    result that cannot be stored must not be found out after the host changed), renamed into
-    place by :meth:`commit`."""
-
-    def __init__(self, tmp: Path, final: Path, io: StateFiles, reserve: int) -> None:
-        self.tmp = tmp
-        self.final = final
-        self.io = io
-        self._reserved = 0
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-        try:
-            self._fd: int | None = os.open(tmp, flags, 0o600)
-        except OSError as exc:
-            raise StateError(f"{tmp}: {exc.strerror}") from exc
-        try:
-            if reserve and io.reserve(self._fd, 0, reserve):
-                self._reserved = reserve
-        except OSError as exc:
-            self.discard()
-            raise StateError(f"{tmp}: cannot reserve {reserve} bytes for the result: {exc.strerror or exc}") from exc
-
-    def commit(self, body: bytes) -> None:
-        """Write, check, rename. Any failure removes the file and raises StateError."""
-        fd = self._fd
-        if fd is None:
-            raise StateError(f"{self.tmp}: result slot already used")
-        self._fd = None
-        try:
-            try:
-                write_all(self.io, fd, body)
-                if self._reserved > len(body):
-                    self.io.release(fd, len(body), self._reserved - len(body))
-            finally:
-                os.close(fd)
-            os.replace(self.tmp, self.final)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
-            raise StateError(f"{self.final}: {exc.strerror or exc}") from exc
-
-    def discard(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
+def _commit(tmp: Path, final: Path, body: bytes, io: StateFiles) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        write_all(io, fd, body)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, final)
 
 
 # One encoder for every record: json.dumps with non-default separators builds a new one per call,
@@ -380,16 +365,52 @@ class StateStore:
     def marker_path(self, key: str) -> Path:
         return self.dir / "pending" / key
 
-    def begin(self, plan: planpb.BindingPlan, sha: str, boot_id: str = "", reserve: int = 0) -> JournalWriter:
-        """The writer of a new run; ``begin`` goes out with its first write, which also reserves
-        ``reserve`` bytes beyond itself. The caller marks the journal open after that write."""
+    # ---- the reserve -----------------------------------------------------------------------------
+    def reserve(self) -> None:
+        """Before a run's first change: the reserve file holds its blocks (allocated again if a
+        full disk took them). StateError when the filesystem cannot give them: nothing changed."""
+        path = self.dir / RESERVE_NAME
         try:
-            w = JournalWriter(self.journal_path(plan.plan_id), self.io, reserve)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            except FileNotFoundError:
+                self.ensure()  # the state directory is made on first use
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                st = os.fstat(fd)
+                if st.st_size < RESERVE_BYTES or st.st_blocks * 512 < RESERVE_BYTES:
+                    self.io.allocate(fd, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StateError(f"{path}: cannot reserve {RESERVE_BYTES} bytes in the state directory before "
+                             f"changing anything: {exc.strerror or exc}") from exc
+
+    def spend_reserve(self) -> bool:
+        """A write met a full disk: give the reserve's blocks back. True if it held any."""
+        path = self.dir / RESERVE_NAME
+        try:
+            if os.lstat(path).st_blocks == 0:
+                return False
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                self.io.truncate(fd, 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        return True
+
+    def begin(self, plan: planpb.BindingPlan, sha: str, boot_id: str = "") -> JournalWriter:
+        """The writer of a new run; ``begin`` goes out with its first write. The caller marks the
+        journal open after that write."""
+        try:
+            w = JournalWriter(self.journal_path(plan.plan_id), self.io, self.spend_reserve)
         except StateError:
             if self.dir.is_dir():
                 raise
             self.ensure()  # the state directory is made on first use
-            w = JournalWriter(self.journal_path(plan.plan_id), self.io, reserve)
+            w = JournalWriter(self.journal_path(plan.plan_id), self.io, self.spend_reserve)
         # Not written on its own: it goes out with the first undo record, whose fsync covers it.
         w.hold([{"t": "begin", "plan_id": plan.plan_id, "plan_sha256": sha, "pid": os.getpid(),
                   "boot_id": boot_id, "time": time.time(),
@@ -397,26 +418,14 @@ class StateStore:
         return w
 
     def append(self, plan_id: str, records: Sequence[dict[str, Any]], sync: bool = False) -> None:
-        w = JournalWriter(self.journal_path(plan_id), self.io)
+        w = JournalWriter(self.journal_path(plan_id), self.io, self.spend_reserve)
         try:
             w.write(records, sync)
         finally:
             w.close()
 
     # ---- results -----------------------------------------------------------------------------------
-    def result_slot(self, plan_id: str, reserve: int = 0) -> ResultSlot:
-        """Where the next result of this plan id is written (see :meth:`save_result`)."""
-        final = self.result_path(plan_id)
-        tmp = self.dir / f"{plan_key(plan_id)}{RESULT_TMP_SUFFIX}"
-        try:
-            return ResultSlot(tmp, final, self.io, reserve)
-        except StateError:
-            if self.dir.is_dir():
-                raise
-        self.ensure()  # the state directory is made on first use
-        return ResultSlot(tmp, final, self.io, reserve)
-
-    def save_result(self, plan_id: str, sha: str, result: planpb.PlanResult, slot: ResultSlot | None = None) -> None:
+    def save_result(self, plan_id: str, sha: str, result: planpb.PlanResult) -> None:
         """Atomically (write beside, rename): a reader sees the old result or the new one.
 
         Not fsynced, unlike undo records: what a result describes (affinities, cpusets, IRQ masks)
@@ -427,7 +436,22 @@ class StateStore:
         body = json.dumps({"plan_id": plan_id, "plan_sha256": sha, "state": planpb.PlanResult.State.Name(result.state),
                            "message": result.message,
                            "result": base64.b64encode(result.SerializeToString()).decode()})
-        (slot or self.result_slot(plan_id)).commit(body.encode())
+        final = self.result_path(plan_id)
+        tmp = self.dir / f"{plan_key(plan_id)}{RESULT_TMP_SUFFIX}"
+        try:
+            try:
+                _commit(tmp, final, body.encode(), self.io)
+            except FileNotFoundError:
+                self.ensure()  # the state directory is made on first use
+                _commit(tmp, final, body.encode(), self.io)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.spend_reserve():
+                raise StateError(f"{final}: {exc.strerror or exc}") from exc
+            try:
+                _commit(tmp, final, body.encode(), self.io)
+            except OSError as again:
+                raise StateError(f"{final}: {again.strerror or again} (after giving up the state directory's "
+                                 "reserve)") from again
 
     def load_result(self, plan_id: str) -> StoredResult | None:
         return self._load(self.result_path(plan_id))

@@ -51,14 +51,16 @@ def _host(m: FakeMachine) -> tuple[dict[int, set[int]], dict[str, str]]:
 # ---- a failure at every write point ----------------------------------------------------------------
 @dataclass
 class Call:
-    op: str      # write | fdatasync | reserve
-    what: str    # the journal records written ("begin+undo"), "result", or the file
+    op: str      # write | fdatasync | allocate
+    what: str    # the journal records written ("begin+undo"), "result", or "reserve"
 
 
 def _what(fd: int, data: bytes | memoryview | None) -> str:
     name = os.readlink(f"/proc/self/fd/{fd}")
     if ".result" in name:
         return "result"
+    if name.endswith(".reserve"):
+        return "reserve"
     if data is None:
         return "journal"
     kinds = []
@@ -71,9 +73,10 @@ def _what(fd: int, data: bytes | memoryview | None) -> str:
 
 
 class FaultyState(StateFiles):
-    """Counts every state-directory system call; the ``fail_at``-th answers ENOSPC, or, for a
-    write in "short" mode, writes half its bytes (the next write of the rest then meets ENOSPC,
-    as on a disk that just filled up)."""
+    """Counts every state-directory system call and fails the ``fail_at``-th. Modes: "enospc"
+    (that call answers ENOSPC once: a disk that was full for a moment, or that the state
+    directory's reserve relieves), "full" (that call and every later write answer ENOSPC: full
+    beyond the reserve), "short" (that write writes half its bytes, then full as above)."""
 
     def __init__(self, fail_at: int = -1, mode: str = "enospc") -> None:
         self.calls: list[Call] = []
@@ -89,8 +92,8 @@ class FaultyState(StateFiles):
         if self.full:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         if self._hit("write", fd, data):
+            self.full = self.mode in ("full", "short")
             if self.mode == "short" and len(data) > 1:
-                self.full = True
                 return super().write(fd, data[: len(data) // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return super().write(fd, data)
@@ -100,10 +103,10 @@ class FaultyState(StateFiles):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         super().fdatasync(fd)
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
-        if self._hit("reserve", fd):
+    def allocate(self, fd: int, length: int) -> bool:
+        if self._hit("allocate", fd):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return super().reserve(fd, offset, length)
+        return super().allocate(fd, length)
 
 
 def _machine_with(tmp: Path, io: StateFiles) -> FakeMachine:
@@ -124,7 +127,7 @@ def write_point_matrix(tmp: Path) -> list[tuple[int, str, str, str, str, bool]]:
     applied = _host(clean)
     rows = []
     for n, call in enumerate(probe.calls):
-        for mode in (("enospc", "short") if call.op == "write" else ("enospc",)):
+        for mode in (("enospc", "full", "short") if call.op == "write" else ("enospc",)):
             io = FaultyState(n, mode)
             m = _machine_with(tmp / f"p{n}{mode}", io)
             r = m.engine().apply(_three())
@@ -146,21 +149,25 @@ def write_point_matrix(tmp: Path) -> list[tuple[int, str, str, str, str, bool]]:
 def test_a_write_failure_at_any_point_leaves_the_host_whole(tmp_path: Path) -> None:
     rows = write_point_matrix(tmp_path)
     points = {what for _, what, *_ in rows}
-    # every kind of write point was hit: the reservations, begin with the first undo records, each
-    # later undo record and its fsync, the done records, the result, the end record
-    assert {"reserve result", "reserve journal", "write begin+undo", "fdatasync journal", "write undo",
+    # every kind of write point was hit: the reserve, begin with the first undo records, each later
+    # undo record and its fsync, the done records, the result, the end record
+    assert {"allocate reserve", "write begin+undo", "fdatasync journal", "write undo",
             "write done", "write result", "write end"} <= points, points
     for n, what, mode, state, host, clean_after in rows:
         assert host != "HALF", (n, what, mode, state)
         assert (state == "STATE_APPLIED") == (host == "changed (as applied)"), (n, what, mode, state, host)
         assert clean_after, (n, what, mode, state)
     by_point = {(what, mode): state for _, what, mode, state, _, _ in rows}
-    # a write after the first change that fails restores everything; only the end record, written
-    # after the result is stored, leaves the plan applied (recovery closes its journal)
-    assert by_point[("write result", "enospc")] == "STATE_ROLLED_BACK"
+    # nothing changes without the reserve; a write after the first change that fails beyond it
+    # restores everything; one the reserve relieves goes through; only the end record, written
+    # after the result is stored, leaves the plan applied when it fails (recovery closes the journal)
+    assert by_point[("allocate reserve", "enospc")] == "STATE_ROLLED_BACK"
+    assert by_point[("write result", "full")] == "STATE_ROLLED_BACK"
     assert by_point[("write result", "short")] == "STATE_ROLLED_BACK"
-    assert by_point[("write done", "enospc")] == "STATE_ROLLED_BACK"
-    assert by_point[("write end", "enospc")] == "STATE_APPLIED"
+    assert by_point[("write result", "enospc")] == "STATE_APPLIED"
+    assert by_point[("write done", "full")] == "STATE_ROLLED_BACK"
+    assert by_point[("write undo", "full")] == "STATE_ROLLED_BACK"
+    assert by_point[("write end", "full")] == "STATE_APPLIED"
 
 
 def test_a_short_result_write_is_rolled_back_and_reported(tmp_path: Path) -> None:
@@ -172,6 +179,7 @@ def test_a_short_result_write_is_rolled_back_and_reported(tmp_path: Path) -> Non
     r = m.engine().apply(_three())
     assert r.state == P.STATE_ROLLED_BACK, r
     assert "result could not be stored" in r.message and "No space left" in r.message
+    assert "reserve" in r.message  # the reserve was given up first, and did not suffice
     assert {a.action_id: S.Status.Name(a.status) for a in r.actions} == {
         "i": "STATUS_ROLLED_BACK", "c": "STATUS_ROLLED_BACK", "t": "STATUS_ROLLED_BACK"}
     assert _host(m) == start
@@ -180,14 +188,20 @@ def test_a_short_result_write_is_rolled_back_and_reported(tmp_path: Path) -> Non
         json.loads(res.read_text())
 
 
-def test_preallocation_happens_once_per_apply_not_per_record(tmp_path: Path) -> None:
+def test_the_reserve_is_allocated_once_not_per_apply_or_record(tmp_path: Path) -> None:
     io = FaultyState()
     m = _machine_with(tmp_path, io)
-    p = plan("many", *[irq(f"i{n}", [n % 8], number=q) for n, q in enumerate((24, 40, 41, 42, 50, 51))],
-             cpuset("c", "memtopo/x", cpus=[0, 1], mems=[0], create=True, attach=[200]),
-             threads("t", 100, [1], all=True))
-    assert m.engine().apply(p).state == P.STATE_APPLIED
-    assert [c.what for c in io.calls if c.op == "reserve"] == ["result", "journal"]
+    for n in range(3):
+        p = plan(f"many{n}", *[irq(f"i{k}", [(k + n) % 8], number=q) for k, q in enumerate((24, 40, 41, 42, 50, 51))],
+                 cpuset("c", "memtopo/x", cpus=[n % 2], mems=[0], create=True, attach=[200]),
+                 threads("t", 100, [1 + n % 2], all=True))
+        assert m.engine().apply(p).state == P.STATE_APPLIED
+    assert [c.what for c in io.calls if c.op == "allocate"] == ["reserve"]
+    # given up to a full disk, it is allocated again by the next apply, before its first change
+    assert m.engine().store.spend_reserve()
+    assert m.engine().apply(plan("again", irq("i", [5], number=24))).state == P.STATE_APPLIED
+    assert [c.what for c in io.calls if c.op == "allocate"] == ["reserve", "reserve"]
+    assert (m.state_dir / ".reserve").stat().st_blocks * 512 >= 32 << 10
 
 
 # ---- disk-full matrix on a real tmpfs --------------------------------------------------------------
@@ -289,7 +303,7 @@ def test_disk_full_matrix_on_a_small_tmpfs(tmp_path: Path) -> None:
             assert row["host_changed"] and row["rollback_exit"] == 0 and row["restored"], row
         else:
             assert not row["host_changed"], row
-            assert row["exit"] == 1 and ("No space left" in str(row["said"]) or "reserve" in str(row["said"])), row
+            assert row["exit"] == 1 and "cannot reserve" in str(row["said"]), row
     assert rows[0]["exit"] == 1 and rows[-1]["exit"] == 0, rows
 
 
