@@ -472,6 +472,7 @@ class _Run:
             self.journal = store.begin(self.plan, self.sha, self.engine.boot_id())
             self.journal.undo(entries)
             store.mark_open(self.plan.plan_id)
+            self.journal.on_full = store.spend_reserve
         except StateError:
             if self.journal is not None:
                 self.journal.close()

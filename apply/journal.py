@@ -403,14 +403,15 @@ class StateStore:
 
     def begin(self, plan: planpb.BindingPlan, sha: str, boot_id: str = "") -> JournalWriter:
         """The writer of a new run; ``begin`` goes out with its first write. The caller marks the
-        journal open after that write."""
+        journal open after that write, and only then lets the writer spend the reserve (``on_full``):
+        it is for the writes after a change, and before the first one a full disk only refuses."""
         try:
-            w = JournalWriter(self.journal_path(plan.plan_id), self.io, self.spend_reserve)
+            w = JournalWriter(self.journal_path(plan.plan_id), self.io)
         except StateError:
             if self.dir.is_dir():
                 raise
             self.ensure()  # the state directory is made on first use
-            w = JournalWriter(self.journal_path(plan.plan_id), self.io, self.spend_reserve)
+            w = JournalWriter(self.journal_path(plan.plan_id), self.io)
         # Not written on its own: it goes out with the first undo record, whose fsync covers it.
         w.hold([{"t": "begin", "plan_id": plan.plan_id, "plan_sha256": sha, "pid": os.getpid(),
                   "boot_id": boot_id, "time": time.time(),

@@ -162,6 +162,8 @@ def test_a_write_failure_at_any_point_leaves_the_host_whole(tmp_path: Path) -> N
     # restores everything; one the reserve relieves goes through; only the end record, written
     # after the result is stored, leaves the plan applied when it fails (recovery closes the journal)
     assert by_point[("allocate reserve", "enospc")] == "STATE_ROLLED_BACK"
+    # before the first change a full disk refuses: the reserve is kept for the writes after one
+    assert by_point[("write begin+undo", "enospc")] == "STATE_ROLLED_BACK"
     assert by_point[("write result", "full")] == "STATE_ROLLED_BACK"
     assert by_point[("write result", "short")] == "STATE_ROLLED_BACK"
     assert by_point[("write result", "enospc")] == "STATE_APPLIED"
