@@ -265,12 +265,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, check=False)
 
 
-def disk_full_matrix(tmp: Path, levels: Sequence[int]) -> list[dict[str, object]]:
+def disk_full_matrix(tmp: Path, levels: Sequence[int], reserved: bool = False) -> list[dict[str, object]]:
+    """``reserved``: the state directory was used before the disk filled up (its reserve exists)."""
     cpus = sorted(os.sched_getaffinity(0))
     rows: list[dict[str, object]] = []
     for free in levels:
-        state = tmp / f"state{free}"
+        state = tmp / f"state{free}{'r' if reserved else ''}"
         with _tmpfs(state, 1 << 20), _threads_child() as child:
+            if reserved:
+                from apply.journal import StateStore
+                StateStore(state).reserve()
             got = _fill_to(state, free)
             before = _masks(child.pid)
             p = plan(f"full{free}", threads("pin", child.pid, [cpus[-1]], all=True))
@@ -281,6 +285,8 @@ def disk_full_matrix(tmp: Path, levels: Sequence[int]) -> list[dict[str, object]
                 changed = _masks(child.pid) != before
                 row: dict[str, object] = {"free": got, "exit": res.returncode, "host_changed": changed,
                                           "said": (res.stdout.splitlines() or [""])[0] or res.stderr}
+                with contextlib.suppress(OSError):
+                    row["reserve_left"] = (state / ".reserve").stat().st_blocks * 512
                 if changed:
                     (state / "filler").unlink()  # the operator makes room; rollback must work
                     rb = _cli("rollback", p.plan_id, "--state-dir", str(state))
@@ -307,6 +313,22 @@ def test_disk_full_matrix_on_a_small_tmpfs(tmp_path: Path) -> None:
             assert not row["host_changed"], row
             assert row["exit"] == 1 and "cannot reserve" in str(row["said"]), row
     assert rows[0]["exit"] == 1 and rows[-1]["exit"] == 0, rows
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a tmpfs and changes real affinities")
+def test_disk_full_after_the_reserve_was_made_spends_it_and_stays_whole(tmp_path: Path) -> None:
+    """The disk filled up after the state directory was in use: the writes after the change use
+    the reserve; with no room even for the first record nothing changes."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two allowed CPUs")
+    rows = disk_full_matrix(tmp_path, (0, 4096, 8192), reserved=True)
+    for row in rows:
+        if row["exit"] == 0:
+            assert row["host_changed"] and row["rollback_exit"] == 0 and row["restored"], row
+        else:
+            assert not row["host_changed"] and row["exit"] == 1, row
+    assert rows[0]["exit"] == 1 and "No space left" in str(rows[0]["said"]), rows
+    assert rows[1]["exit"] == 0 and rows[1]["reserve_left"] == 0, rows  # the result found room in the reserve
 
 
 # ---- unreadable and damaged journals ---------------------------------------------------------------
