@@ -56,8 +56,8 @@ TopologyProvider = Callable[[], pb.MemoryTopology]
 # Called with ("before_action" | "after_action", action): tests pause or kill the run here.
 Hook = Callable[[str, planpb.PlanAction], None]
 
-OPERATOR_HINT = ("restore it by hand (the journal is kept as it was), then remove its marker "
-                 "<state dir>/pending/<key> to allow applies again")
+OPERATOR_HINT = ("restore the host by hand (the journal is kept as it was), then remove the marker to allow "
+                 "applies again")
 
 
 def _now() -> Timestamp:
@@ -124,8 +124,8 @@ class Engine:
             js = self.store.read_journal(plan_id)
             if js is not None and js.unreadable:
                 raise UnreadableJournalError(
-                    f"plan {plan_id!r}: its journal {js.path} cannot be read ({js.unreadable}); nothing was "
-                    f"restored: {OPERATOR_HINT}")
+                    f"plan {plan_id!r}: its journal {js.path} cannot be read ({js.unreadable}; its marker is "
+                    f"{self.store.marker_path(js.key)}); nothing was restored: {OPERATOR_HINT}")
             try:
                 stored = self.store.load_result(plan_id)
             except StateError as exc:
@@ -171,8 +171,9 @@ class Engine:
 
     def unreadable_message(self) -> str:
         bad = self.unreadable
-        return "; ".join(f"unfinished plan journal {js.path} cannot be read ({js.unreadable})" for js in bad) + (
-            f": the host may still hold what that plan changed. {OPERATOR_HINT}" if bad else "")
+        return "; ".join(f"unfinished plan journal {js.path} cannot be read ({js.unreadable}; its marker is "
+                         f"{self.store.marker_path(js.key)})" for js in bad) + (
+            f": the host may still hold what that plan changed; {OPERATOR_HINT}" if bad else "")
 
     # ---- internals -----------------------------------------------------------------------------------
     def _hierarchy(self) -> Hierarchy | str:
