@@ -86,6 +86,7 @@ class Agent:
         self.health_server: HealthServer | None = None
         self.socket_path = config.listen.socket
         self.tcp_port: int | None = None
+        self.engine: Engine | None = None
 
     # ---- HealthSource (read from the HTTP threads) -------------------------------------------------
     def alive(self) -> tuple[bool, str]:
@@ -98,7 +99,10 @@ class Agent:
             "servers": "listening" if r.listening else "starting",
             "controller_link": self.link.link_state.value if self.link else "not configured",
         }
-        return r.discovered and r.listening, checks
+        engine = self.engine
+        bad = engine.unreadable if engine is not None else []
+        checks["apply_journals"] = engine.unreadable_message()[:1000] if engine is not None and bad else "ok"
+        return r.discovered and r.listening and not bad, checks
 
     # ---- triggers -----------------------------------------------------------------------------------
     def request_rescan(self, reason: str) -> None:
@@ -248,6 +252,11 @@ class Agent:
         recovered = await asyncio.to_thread(engine.recover)
         for res in recovered:
             log.warning("plan_recovered", plan_id=res.plan_id, state=plan_outcome(res), message=res.message)
+        for js in engine.unreadable:
+            log.error("plan_journal_unreadable", key=js.key, path=js.path, reason=js.unreadable,
+                      action="restore the host by hand, then remove the pending marker; applies are refused")
+        self.engine = engine
+        self.metrics.track_unreadable_journals(lambda: len(engine.unreadable))
         tasks: list[asyncio.Task[Any]] = []
         monitor = None
         with self._context() as ctx:

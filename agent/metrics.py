@@ -183,6 +183,10 @@ class AgentMetrics:
             registry=reg)
         self.plans = Counter(
             PREFIX + "plans", "Binding plans handled, by outcome.", ["outcome"], registry=reg)
+        self.apply_unreadable_journals = Gauge(
+            PREFIX + "apply_unreadable_journals",
+            "Unfinished plan journals that cannot be read (kept for an operator; applies are refused).",
+            registry=reg)
         self.grpc_requests = Counter(
             PREFIX + "grpc_requests", "gRPC calls finished, by full method name and status code.",
             ["method", "code"], registry=reg)
@@ -237,6 +241,10 @@ class AgentMetrics:
     # ---- plans -----------------------------------------------------------------------------------
     def observe_plan(self, result: planpb.PlanResult) -> None:
         self.plans.labels(plan_outcome(result)).inc()
+
+    def track_unreadable_journals(self, count: Callable[[], int]) -> None:
+        """The apply engine's count, read at each scrape (an operator's fix shows at once)."""
+        self.apply_unreadable_journals.set_function(count)
 
     # ---- gRPC ------------------------------------------------------------------------------------
     def interceptor(self) -> grpc.aio.ServerInterceptor:

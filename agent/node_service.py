@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from memtopo.apply.engine import Engine
+from memtopo.apply.errors import UnreadableJournalError
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import plan_pb2 as planpb
 
@@ -113,7 +114,11 @@ class NodeAgentService:
                                 f"agent is at {self.state.generation}")
         if self.state.current is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "first discovery has not finished")
-        return await self.plans.apply(request.plan, request.dry_run)
+        try:
+            return await self.plans.apply(request.plan, request.dry_run)
+        except UnreadableJournalError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)[:2000])
+            raise
 
     async def get_plan_result(self, request: apb.GetPlanResultRequest,
                               context: grpc.aio.ServicerContext[bytes, bytes]) -> planpb.PlanResult:

@@ -39,5 +39,8 @@ class ApplyConfig:
     max_pattern_len: int = 256
     # The agent's own pid, refused as a target unless allow_self; injectable for tests.
     self_pid: int = field(default_factory=os.getpid)
+    # Other memtopo processes refused the same way: the running agent, as `memtopo apply` finds it
+    # through the lock on its socket (apply.host.flock_holders).
+    protected_pids: tuple[int, ...] = ()
     # How long apply/rollback wait for another process holding the state directory.
     lock_timeout_s: float = 30.0

@@ -15,10 +15,19 @@ action changes what they read.
   under a used id is rejected.
 * An interrupted run (crash, SIGKILL) leaves an unfinished journal; :meth:`Engine.recover` (also
   run before every apply) restores it. :meth:`Engine.rollback` restores a finished one on request.
+* The state directory fills up: its reserve is checked before the first change (nothing changes
+  without it) and given up to the writes after it; a journal or result write that still fails
+  after a change restores everything started, like a failed required action, and says so. The
+  restore itself never waits on the disk.
+* An unfinished journal that cannot be read (:attr:`Engine.unreadable`) is kept where it is and
+  every apply is refused until an operator removes its pending marker; a journal with damaged
+  undo records is restored as far as it reads and names the actions it could not restore.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections import Counter
@@ -31,9 +40,9 @@ from memtopo.apply import cgroups, irqbalance
 from memtopo.apply.actions import ActionError, ActionSkipError, Overlay, Prepared, RunContext, Step, make_step
 from memtopo.apply.cgroups import Hierarchy
 from memtopo.apply.config import ApplyConfig
-from memtopo.apply.errors import PlanNotFoundError, StateError
+from memtopo.apply.errors import PlanNotFoundError, StateError, UnreadableJournalError
 from memtopo.apply.host import Host
-from memtopo.apply.journal import JournalState, JournalWriter, StateStore, plan_hash
+from memtopo.apply.journal import JournalState, JournalWriter, StateStore, StoredResult, plan_hash
 from memtopo.apply.undo import Outcome, UndoOp, restore_all
 from memtopo.apply.validate import Validation, validate
 from memtopo.hostfs import HostReadError
@@ -46,6 +55,9 @@ P = planpb.PlanResult
 TopologyProvider = Callable[[], pb.MemoryTopology]
 # Called with ("before_action" | "after_action", action): tests pause or kill the run here.
 Hook = Callable[[str, planpb.PlanAction], None]
+
+OPERATOR_HINT = ("restore the host by hand (the journal is kept as it was), then remove the marker to allow "
+                 "applies again")
 
 
 def _now() -> Timestamp:
@@ -70,8 +82,10 @@ class Engine:
         self.host = host
         self.topology = topology_provider
         self.config = config or ApplyConfig()
-        self.store = StateStore(state_dir)
+        self.store = StateStore(state_dir, host.state)
         self.hook = hook
+        # Unfinished journals the last recovery could not read, by key: kept for an operator.
+        self._unreadable: dict[str, JournalState] = {}
         self._lock = threading.RLock()
         self._irqbalance_seen: tuple[float, irqbalance.Irqbalance | None] | None = None
         self._boot_id: str | None = None
@@ -85,6 +99,8 @@ class Engine:
                 return self._dry_run(plan, started)
             with self.store.lock(self.config.lock_timeout_s):
                 self._recover_pending()
+                if self._unreadable:
+                    raise UnreadableJournalError(self.unreadable_message() + "; nothing was applied")
                 sha = plan_hash(plan)
                 if plan.plan_id:
                     stored = self.store.load_result(plan.plan_id)
@@ -105,13 +121,25 @@ class Engine:
     def rollback(self, plan_id: str) -> planpb.PlanResult:
         with self._lock, self.store.lock(self.config.lock_timeout_s):
             self._hierarchy()
-            stored = self.store.load_result(plan_id)
             js = self.store.read_journal(plan_id)
+            if js is not None and js.unreadable:
+                raise UnreadableJournalError(
+                    f"plan {plan_id!r}: its journal {js.path} cannot be read ({js.unreadable}; its marker is "
+                    f"{self.store.marker_path(js.key)}); nothing was restored: {OPERATOR_HINT}")
+            try:
+                stored = self.store.load_result(plan_id)
+            except StateError as exc:
+                if js is None:
+                    raise
+                # The journal says what was changed; the result only how it went.
+                stored, why = None, f" (its stored result is unreadable: {exc})"
+            else:
+                why = ""
             if stored is None and (js is None or not js.plan_id):
                 raise PlanNotFoundError(f"no plan {plan_id!r} in {self.store.dir}")
             if js is not None and js.unfinished:
                 return self._restore_journal(js, stored.result if stored else None,
-                                             "interrupted run rolled back on request")
+                                             "interrupted run rolled back on request" + why)
             if stored is not None and stored.result.state == P.STATE_ROLLED_BACK:
                 res = planpb.PlanResult()
                 res.CopyFrom(stored.result)
@@ -119,7 +147,8 @@ class Engine:
                 return res
             if js is None:
                 js = JournalState(key="", plan_id=plan_id)
-            return self._restore_journal(js, stored.result if stored else None, "rolled back on request")
+            return self._restore_journal(js, stored.result if stored else None, "rolled back on request" + why,
+                                         finished=True)
 
     def recover(self) -> list[planpb.PlanResult]:
         """Roll back every unfinished journal (a run that died); their results, one per plan."""
@@ -132,6 +161,19 @@ class Engine:
 
     def list_plans(self) -> list[planpb.PlanResult]:
         return [s.result for s in self.store.results()]
+
+    @property
+    def unreadable(self) -> list[JournalState]:
+        """Unfinished journals the last recovery could not read and whose pending marker is still
+        there (an operator removes it once the host is dealt with; the journal stays)."""
+        # Read from other threads (readiness, metrics): the dict is replaced, never changed.
+        return [js for key, js in list(self._unreadable.items()) if os.path.lexists(self.store.marker_path(key))]
+
+    def unreadable_message(self) -> str:
+        bad = self.unreadable
+        return "; ".join(f"unfinished plan journal {js.path} cannot be read ({js.unreadable}; its marker is "
+                         f"{self.store.marker_path(js.key)})" for js in bad) + (
+            f": the host may still hold what that plan changed; {OPERATOR_HINT}" if bad else "")
 
     # ---- internals -----------------------------------------------------------------------------------
     def _hierarchy(self) -> Hierarchy | str:
@@ -239,27 +281,44 @@ class Engine:
         results: list[planpb.ActionResult | None] = [None] * n
         steps = self._steps(plan, validation, ctx, results)
         run = _Run(self, plan, sha, topo, started, results)
-        i = 0
-        while i < n:
-            group = [i]
-            first = steps[i]
-            if first is not None:
-                j = i + 1
-                while j < n and _joins(first, steps[j]):
-                    group.append(j)
-                    j += 1
-            outcome = run.group(group, steps)
-            if isinstance(outcome, planpb.PlanResult):
-                return outcome
-            i = outcome
-        return run.finish()
+        try:
+            i = 0
+            while i < n:
+                group = [i]
+                first = steps[i]
+                if first is not None:
+                    j = i + 1
+                    while j < n and _joins(first, steps[j]):
+                        group.append(j)
+                        j += 1
+                outcome = run.group(group, steps)
+                if isinstance(outcome, planpb.PlanResult):
+                    return outcome
+                i = outcome
+            return run.finish()
+        finally:
+            if run.journal is not None:
+                run.journal.close()
 
-    def _restore_journal(self, js: JournalState, base: planpb.PlanResult | None, why: str) -> planpb.PlanResult:
-        """Restore every undo record of a journal (reverse order, verified) and store the result."""
+    def _restore_journal(self, js: JournalState, base: planpb.PlanResult | None, why: str,
+                         finished: bool = False) -> planpb.PlanResult:
+        """Restore every undo record of a journal (reverse order, verified) and store the result.
+
+        ``finished``: a journal whose run completed (a rollback on request). Its host is whole, so
+        a state directory that cannot record the rollback's start refuses it (StateError) before
+        anything is touched. An unfinished one is restored whatever the disk says: the rollback
+        record only shortens a later recovery. The result is stored before ``rolled_back``, so a
+        result that cannot be written leaves the journal open and the next recovery records it."""
         plan_id = js.plan_id
         entries = js.ops_in_order()
-        self.store.mark_open(plan_id)
-        self.store.append(plan_id, [{"t": "rollback"}], sync=True)
+        notes: list[str] = []
+        try:
+            self.store.mark_open(plan_id)
+            self.store.append(plan_id, [{"t": "rollback"}], sync=True)
+        except StateError as exc:
+            if finished:
+                raise StateError(f"cannot record the rollback, nothing was restored: {exc}") from exc
+            notes.append(f"the rollback's start could not be journaled ({exc})")
         flat: list[UndoOp] = [op for _, _, ops in entries for op in ops]
         outcomes = restore_all(self.host, flat)
         per_action: dict[str, list[Outcome]] = {}
@@ -269,10 +328,10 @@ class Engine:
             k += len(ops)
         ok = all(o.ok for o in outcomes)
         res = planpb.PlanResult()
+        plan = js.plan or planpb.BindingPlan(plan_id=plan_id)
         if base is not None:
             res.CopyFrom(base)
         else:
-            plan = js.plan or planpb.BindingPlan(plan_id=plan_id)
             res.plan_id = plan_id
             res.started.CopyFrom(_now())
             for action in plan.actions:
@@ -285,55 +344,87 @@ class Engine:
             known = {a.id for a in plan.actions}
             res.actions.extend(_result(aid, S.STATUS_FAILED, "in the journal but not in its plan")
                                for _, aid, _ in entries if aid not in known)
+        lost = js.unrestorable([a.id for a in plan.actions])
+        for aid in lost:
+            if aid not in {a.action_id for a in res.actions}:
+                res.actions.append(_result(aid, S.STATUS_ROLLBACK_FAILED))
         for ar in res.actions:
             outs = per_action.get(ar.action_id)
+            if ar.action_id in lost:
+                ar.status = S.STATUS_ROLLBACK_FAILED
+                ar.reason = _join(ar.reason, f"not restored: {lost[ar.action_id]}; check it by hand")
+                continue
             if outs is None:
                 continue
-            notes = "; ".join(o.note for o in outs if o.note)
+            note = "; ".join(o.note for o in outs if o.note)
             if all(o.ok for o in outs):
                 if ar.status != S.STATUS_FAILED:
                     ar.status = S.STATUS_ROLLED_BACK
-                ar.reason = _join(ar.reason, f"restored{': ' + notes if notes else ''}")
+                ar.reason = _join(ar.reason, f"restored{': ' + note if note else ''}")
             else:
                 ar.status = S.STATUS_ROLLBACK_FAILED
-                ar.reason = _join(ar.reason, f"restore failed: {notes}")
+                ar.reason = _join(ar.reason, f"restore failed: {note}")
+        ok = ok and not lost
         res.state = P.STATE_ROLLED_BACK if ok else P.STATE_FAILED
         restored = sum(1 for a in res.actions if a.status == S.STATUS_ROLLED_BACK)
         bad = sum(1 for o in outcomes if not o.ok)
-        res.message = (f"{why}: {restored} action(s) restored" if ok else
-                       f"{why}, but {bad} change(s) could not be restored: see actions")
+        if ok:
+            res.message = f"{why}: {restored} action(s) restored"
+        elif lost:
+            res.message = (f"{why}, but the journal is damaged: {', '.join(sorted(lost))} could not be restored "
+                           f"(see actions); {restored} action(s) restored")
+        else:
+            res.message = f"{why}, but {bad} change(s) could not be restored: see actions"
         res.finished.CopyFrom(_now())
-        self.store.append(plan_id, [{"t": "rolled_back", "state": P.State.Name(res.state)}], sync=True)
-        self.store.save_result(plan_id, js.plan_sha256 or (plan_hash(js.plan) if js.plan else ""), res)
-        if not js.ended:
-            self.store.append(plan_id, [{"t": "end", "state": P.State.Name(res.state)}])
-        self.store.mark_closed(plan_id)
+        sha = js.plan_sha256 or (plan_hash(js.plan) if js.plan else "")
+        try:
+            self.store.save_result(plan_id, sha, res)
+            self.store.append(plan_id, [{"t": "rolled_back", "state": P.State.Name(res.state)}], sync=True)
+            if not js.ended:
+                self.store.append(plan_id, [{"t": "end", "state": P.State.Name(res.state)}])
+            self.store.mark_closed(plan_id)
+        except StateError as exc:
+            notes.append(f"the state directory could not record it ({exc}): the journal stays pending and "
+                         "the next recovery restores and records it again")
+        if notes:
+            res.message = f"{res.message}; {'; '.join(notes)}"
         return res
 
     def _recover_pending(self) -> list[planpb.PlanResult]:
         out: list[planpb.PlanResult] = []
         boot = self.boot_id()
+        unreadable: dict[str, JournalState] = {}
         for js in self.store.pending():
+            if js.unreadable:
+                unreadable[js.key] = js
+                continue
             if js.boot_id and boot and js.boot_id != boot:
                 # The host rebooted mid-plan: thread masks, cpusets, IRQ masks and page placement
                 # were reset with it, and IRQ numbers, pids and cgroups may now name other objects.
                 # Restoring the recorded values would change those, so the journal is only closed.
-                self.store.append(js.plan_id, [{"t": "end", "state": P.State.Name(P.STATE_FAILED)}])
-                self.store.mark_closed(js.plan_id)
+                with contextlib.suppress(StateError):  # else the next recovery closes it
+                    self.store.append(js.plan_id, [{"t": "end", "state": P.State.Name(P.STATE_FAILED)}])
+                    self.store.mark_closed(js.plan_id)
                 out.append(planpb.PlanResult(
                     plan_id=js.plan_id, state=P.STATE_FAILED,
                     message=f"interrupted before a reboot (boot {js.boot_id[:8]}); nothing restored: the "
                             "reboot reset what the plan had changed"))
                 continue
             self._hierarchy()
-            stored = self.store.load_result(js.plan_id)
+            stored: StoredResult | None
+            try:
+                stored = self.store.load_result(js.plan_id)
+            except StateError:
+                stored = None  # the journal decides: restore
             if stored is not None and not js.rollback_open:
                 # The result was written and only the end record is missing: the run completed.
-                self.store.append(js.plan_id, [{"t": "end", "state": P.State.Name(stored.result.state)}])
-                self.store.mark_closed(js.plan_id)
+                with contextlib.suppress(StateError):  # else the next recovery closes it
+                    self.store.append(js.plan_id, [{"t": "end", "state": P.State.Name(stored.result.state)}])
+                    self.store.mark_closed(js.plan_id)
                 continue
             out.append(self._restore_journal(js, stored.result if stored else None,
                                              "interrupted run rolled back by recovery"))
+        self._unreadable = unreadable
         return out
 
 
@@ -360,22 +451,49 @@ class _Run:
         self.started_at = started
         self.results = results
         self.journal: JournalWriter | None = None
+        # True once the first write (begin + undo) is in the journal and the plan marked pending.
+        self.journaled = False
         self.done: list[dict[str, str]] = []
         # Actions whose changes began, in order, with their undo.
         self.started: list[tuple[int, Prepared]] = []
+        # State directory writes that failed while restoring or finishing (said in the message).
+        self.state_errors: list[str] = []
 
     @property
     def host(self) -> Host:
         return self.engine.host
 
-    def _journal(self) -> JournalWriter:
-        if self.journal is None:
-            self.journal = self.engine.store.begin(self.plan, self.sha, self.engine.boot_id())
-        return self.journal
+    def _journal_first(self, entries: list[tuple[int, str, list[UndoOp]]]) -> None:
+        """Before the first change: the state directory's reserve (once per apply), begin + the
+        first undo records (one fsync), then the plan marked pending. Any failure raises
+        StateError with nothing changed and nothing left pending."""
+        store = self.engine.store
+        try:
+            store.reserve()
+            self.journal = store.begin(self.plan, self.sha, self.engine.boot_id())
+            self.journal.undo(entries)
+            store.mark_open(self.plan.plan_id)
+            self.journal.on_full = store.spend_reserve
+        except StateError:
+            if self.journal is not None:
+                self.journal.close()
+                self.journal = None
+            raise
+        self.journaled = True
 
-    def _note(self, record: dict[str, str]) -> None:
-        if self.journal is not None:
-            self.journal.write([record])
+    def _write(self, records: list[dict[str, str]], sync: bool = False) -> None:
+        if self.journal is not None and self.journaled:
+            self.journal.write(records, sync)
+
+    def _try_write(self, records: list[dict[str, str]], sync: bool = False) -> bool:
+        """A journal write on a path that restores or finishes anyway: a failure is remembered for
+        the message, never raised."""
+        try:
+            self._write(records, sync)
+            return True
+        except StateError as exc:
+            self.state_errors.append(str(exc))
+            return False
 
     def group(self, indices: list[int], steps: Sequence[Step | None]) -> int | planpb.PlanResult:
         """Prepare, journal (one fsync) and apply a group; the next index, or the final result."""
@@ -406,45 +524,61 @@ class _Run:
         entries = [(k, actions[k].id, p.undo) for k, p in prepared if p.undo]
         if entries:
             try:
-                self._journal().undo(entries)
+                if self.journal is None:
+                    self._journal_first(entries)
+                else:
+                    self.journal.undo(entries)
             except StateError as exc:
-                return self.fail(entries[0][0], f"cannot journal the previous state, nothing changed: {exc}")
-        for k, p in prepared:
-            action, step = actions[k], steps[k]
-            assert step is not None
-            self.engine._call_hook("before_action", action)
-            if not p.changes and not p.run_anyway:
-                self.results[k] = _result(action.id, S.STATUS_UNCHANGED, "", p.before, p.after, p.details)
-                self.engine._call_hook("after_action", action)
-                continue
-            self.started.append((k, p))
-            try:
-                done = step.apply(p)
-            except ActionSkipError as exc:
-                self._undo_in_place(k, p, f"{exc}", failed=False)
-                return k + 1  # later steps of the group predicted this one: prepare them again
-            except ActionError as exc:
-                if action.required:
-                    return self.fail(k, str(exc))
-                self._undo_in_place(k, p, f"failed: {exc}")
-                return k + 1
-            except Exception as exc:  # a bug must not leave the host half-changed: restore all
-                return self.fail(k, f"internal error: {type(exc).__name__}: {exc}")
-            status = S.STATUS_UNCHANGED if done.unchanged else S.STATUS_APPLIED
-            self.results[k] = _result(action.id, status, "", p.before, done.after, done.details)
-            self.done.append({"t": "done", "action": action.id, "status": S.Status.Name(status)})
-            if self.engine.hook is not None:
-                self._flush_done()  # a hook may stop the process here: keep the record
-                self.engine._call_hook("after_action", action)
-        self._flush_done()
+                return self.fail(entries[0][0], f"cannot journal the previous state, so it was not changed: {exc}")
+        k = indices[0]
+        try:
+            for k, p in prepared:
+                outcome = self._apply_one(k, p, steps)
+                if outcome is not None:
+                    return outcome
+            self._flush_done()
+        except StateError as exc:
+            # A record after a change could not be written: nothing may stay changed that the
+            # state directory does not describe.
+            return self.fail(k, f"the journal could not record it, so every change was undone: {exc}")
         return indices[-1] + 1
+
+    def _apply_one(self, k: int, p: Prepared, steps: Sequence[Step | None]) -> int | planpb.PlanResult | None:
+        """Apply one prepared action; None to go on with the group, else what group returns."""
+        action, step = self.plan.actions[k], steps[k]
+        assert step is not None
+        self.engine._call_hook("before_action", action)
+        if not p.changes and not p.run_anyway:
+            self.results[k] = _result(action.id, S.STATUS_UNCHANGED, "", p.before, p.after, p.details)
+            self.engine._call_hook("after_action", action)
+            return None
+        self.started.append((k, p))
+        try:
+            done = step.apply(p)
+        except ActionSkipError as exc:
+            self._undo_in_place(k, p, f"{exc}", failed=False)
+            return k + 1  # later steps of the group predicted this one: prepare them again
+        except ActionError as exc:
+            if action.required:
+                return self.fail(k, str(exc))
+            self._undo_in_place(k, p, f"failed: {exc}")
+            return k + 1
+        except Exception as exc:  # a bug must not leave the host half-changed: restore all
+            return self.fail(k, f"internal error: {type(exc).__name__}: {exc}")
+        status = S.STATUS_UNCHANGED if done.unchanged else S.STATUS_APPLIED
+        self.results[k] = _result(action.id, status, "", p.before, done.after, done.details)
+        self.done.append({"t": "done", "action": action.id, "status": S.Status.Name(status)})
+        if self.engine.hook is not None:
+            self._flush_done()  # a hook may stop the process here: keep the record
+            self.engine._call_hook("after_action", action)
+        return None
 
     def _flush_done(self) -> None:
         """"done" records are informational (recovery restores every undo record either way): one
         write per group, not per action."""
-        if self.done and self.journal is not None:
-            self.journal.write(self.done)
-        self.done = []
+        if self.done:
+            records, self.done = self.done, []
+            self._write(records)
 
     def _undo_in_place(self, k: int, p: Prepared, reason: str, failed: bool = True) -> None:
         """An optional action that could not complete: put back what it changed, skip it."""
@@ -460,22 +594,24 @@ class _Run:
         else:
             why = f"{reason}; its changes were restored" if p.undo and failed else reason
             self.results[k] = _result(aid, S.STATUS_SKIPPED, why, p.before, p.after, p.details)
-            self._note({"t": "restored", "action": aid})
+            self._write([{"t": "restored", "action": aid}])
 
-    def fail(self, k: int, reason: str) -> planpb.PlanResult:
-        """A required action failed: restore everything started (itself included), in reverse."""
+    def fail(self, k: int | None, reason: str) -> planpb.PlanResult:
+        """Restore everything started, in reverse: a required action ``k`` failed (itself
+        included), or (``k`` None) the state directory could not record the run."""
         actions = self.plan.actions
-        failed_id = actions[k].id
-        self._flush_done()
-        if self.journal is not None:
-            self.journal.write([{"t": "rollback"}], sync=True)
+        failed_id = actions[k].id if k is not None else ""
+        self.done = []  # informational, and the journal is about to say "rollback"
+        self._try_write([{"t": "rollback"}], sync=True)
         flat: list[UndoOp] = [op for _, p in self.started for op in p.undo]
         outcomes = restore_all(self.host, flat) if flat else []
         pos = 0
         all_ok = True
-        prev = self.results[k]
-        self.results[k] = _result(failed_id, S.STATUS_FAILED, reason,
-                                  prev.before if prev else (), prev.after if prev else ())
+        if k is not None:
+            prev = self.results[k]
+            self.results[k] = _result(failed_id, S.STATUS_FAILED, reason,
+                                      prev.before if prev else (), prev.after if prev else ())
+        because = f"{failed_id} failed" if k is not None else "the run could not be recorded"
         for idx, p in self.started:
             outs = outcomes[pos:pos + len(p.undo)]
             pos += len(p.undo)
@@ -494,15 +630,17 @@ class _Run:
                 r = _result(actions[idx].id, S.STATUS_APPLIED)
                 self.results[idx] = r
             r.status = S.STATUS_ROLLED_BACK if ok else S.STATUS_ROLLBACK_FAILED
-            r.reason = _join(r.reason, f"restored because {failed_id} failed" if ok else f"restore failed: {notes}")
+            r.reason = _join(r.reason, f"restored because {because}" if ok else f"restore failed: {notes}")
         for i, r in enumerate(self.results):
             if r is None:
-                self.results[i] = _result(actions[i].id, S.STATUS_SKIPPED, f"not run: {failed_id} failed")
+                self.results[i] = _result(actions[i].id, S.STATUS_SKIPPED, f"not run: {because}")
         restored = sum(1 for idx, _ in self.started if idx != k)
+        self.started = []
+        head = f"{failed_id} failed: {reason}" if k is not None else reason
         if all_ok:
-            state, msg = P.STATE_ROLLED_BACK, f"{failed_id} failed: {reason}; {restored} applied action(s) restored"
+            state, msg = P.STATE_ROLLED_BACK, f"{head}; {restored} applied action(s) restored"
         else:
-            state, msg = P.STATE_FAILED, f"{failed_id} failed: {reason}; the restore did not complete: see actions"
+            state, msg = P.STATE_FAILED, f"{head}; the restore did not complete: see actions"
         return self._store(state, msg, rolled_back=True)
 
     def finish(self) -> planpb.PlanResult:
@@ -516,13 +654,29 @@ class _Run:
         return self._store(state, msg)
 
     def _store(self, state: int, msg: str, rolled_back: bool = False) -> planpb.PlanResult:
+        """Store the result, then close the journal. The result goes first: a journal that ends
+        without one would make the run look finished with nothing recorded of it."""
+        if self.state_errors:
+            msg = f"{msg}; the state directory failed while restoring: {'; '.join(self.state_errors)}"
         res = self.engine._plan_result(self.plan, state, msg, self.started_at, self.topo, self.results)
         name = P.State.Name(state)  # type: ignore[arg-type]
-        if self.journal is not None and rolled_back:
-            self.journal.write([{"t": "rolled_back", "state": name}], sync=True)
-        self.engine.store.save_result(self.plan.plan_id, self.sha, res)
+        try:
+            self.engine.store.save_result(self.plan.plan_id, self.sha, res)
+        except StateError as exc:
+            if not rolled_back and self.started:
+                # Changed and unrecorded: undo it all rather than leave what no result describes.
+                return self.fail(None, f"the result could not be stored, so every change was undone: {exc}")
+            res.message = (f"{res.message}; the result could not be stored ({exc})"
+                           + ("; the journal stays pending: the next apply or recovery restores the plan "
+                              "again and records it" if self.journaled else ""))
+            if self.journal is not None:
+                self.journal.close()
+            return res
+        if rolled_back:
+            self._try_write([{"t": "rolled_back", "state": name}], sync=True)
         if self.journal is not None:
-            self.journal.write([{"t": "end", "state": name}])
+            ended = self._try_write([{"t": "end", "state": name}])
             self.journal.close()
-            self.engine.store.mark_closed(self.plan.plan_id)
+            if ended and self.journaled:
+                self.engine.store.mark_closed(self.plan.plan_id)
         return res

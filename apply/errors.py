@@ -50,6 +50,11 @@ class StateError(ApplyError):
     """The state directory is unusable (unwritable, locked by another process, corrupt)."""
 
 
+class UnreadableJournalError(StateError):
+    """An unfinished plan's journal that cannot be read: what that plan changed cannot be restored
+    by memtopo, so nothing more is applied until an operator has dealt with it."""
+
+
 class LaunchError(ApplyError):
     """``memtopo exec`` could not set up the policy or start the command."""
 

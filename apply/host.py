@@ -11,6 +11,9 @@ Three parts, all replaceable in tests:
   emulate a kernel filesystem; the checks stay here (one overriding ``_write`` alone gets its
   write-then-read as a write through it and a separate read).
 * a :class:`memtopo.runner.Runner` for the one tool the engine may run (``systemctl``).
+* :class:`StateFiles`: the few primitives the journal and the results are written with (write,
+  fdatasync, reserve, release, truncate): where a full disk shows, so tests can answer ENOSPC or a
+  short write at any of them without filling a filesystem.
 
 :class:`Procs` reads process state (``/proc/PID/…``) through the same root.
 """
@@ -18,6 +21,7 @@ Three parts, all replaceable in tests:
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import itertools
 import os
@@ -402,6 +406,45 @@ class HostFiles:
         os.rmdir(path)
 
 
+# ---- the state directory's writes -----------------------------------------------------------------
+class StateFiles:
+    """System calls on the state directory's open files. Errors are OSError; the journal turns
+    them into StateError. ``write`` returns what write(2) returns: a short count is the caller's
+    to notice (a filesystem that fills up mid-write answers with one)."""
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def allocate(self, fd: int, length: int) -> bool:
+        """Give the file ``length`` bytes of real blocks (posix_fallocate). False where the
+        filesystem cannot; ENOSPC raises."""
+        try:
+            os.posix_fallocate(fd, 0, length)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return False
+            raise
+        return True
+
+
+def write_all(io: StateFiles, fd: int, data: bytes) -> None:
+    """Every byte or OSError: a short write is retried for the rest, and a write that makes no
+    progress is the full disk it stands for (ENOSPC)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = io.write(fd, view[done:])
+        if n <= 0:
+            raise OSError(errno.ENOSPC, f"short write ({done} of {len(view)} bytes)")
+        done += n
+
+
 # ---- processes ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProcStat:
@@ -505,6 +548,44 @@ class Procs:
         return [int(n) for n in self.files.listdir("proc") if n.isdigit()]
 
 
+def parse_proc_locks(text: str) -> dict[tuple[int, int, int], set[int]]:
+    """``/proc/locks``: {(major, minor, inode): pids holding a lock on it}; blocked waiters
+    (``->`` lines) are not holders. A line that does not parse is skipped."""
+    out: dict[tuple[int, int, int], set[int]] = {}
+    for line in text.split("\n"):
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":
+            continue
+        try:
+            pid = int(fields[4])
+            major, minor, inode = fields[5].split(":")
+            key = (int(major, 16), int(minor, 16), int(inode))
+        except ValueError:
+            continue
+        if pid > 0:
+            out.setdefault(key, set()).add(pid)
+    return out
+
+
+def flock_holders(files: HostFiles, paths: Iterable[str]) -> dict[int, str]:
+    """Processes holding a lock on any of these (live) files, from ``/proc/locks``: {pid: path}.
+    The kernel drops a lock with its holder, so a stale file names no one (a pid file could)."""
+    wanted: dict[tuple[int, int, int], str] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        wanted[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = path
+    if not wanted:
+        return {}
+    try:
+        locks = parse_proc_locks(files.read_big("proc/locks"))
+    except HostReadError:
+        return {}
+    return {pid: wanted[key] for key, pids in locks.items() if key in wanted for pid in pids}
+
+
 @dataclass(frozen=True)
 class Host:
     """One host as the engine sees it: its system calls, its files, and its tools (systemctl)."""
@@ -515,6 +596,8 @@ class Host:
     # Where /proc/PID is read when it is not under ``files`` (an agent in a container with the
     # host's /proc mounted elsewhere; a benchmark with real processes and a fake IRQ tree).
     proc_files: HostFiles | None = None
+    # The state directory's writes (journal, results).
+    state: StateFiles = field(default_factory=StateFiles)
 
     @functools.cached_property
     def procs(self) -> Procs:

@@ -128,9 +128,9 @@ class Client:
     """One request per connection, as irqbalance's own UI does. ``address`` is an absolute socket
     path, or an abstract name starting with NUL."""
 
-    def __init__(self, address: str, timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, address: str, timeout: float | None = None) -> None:
         self.address = address
-        self.timeout = timeout
+        self.timeout = TIMEOUT_S if timeout is None else timeout
 
     def request(self, command: str, reply: bool) -> str:
         try:

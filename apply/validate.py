@@ -304,6 +304,9 @@ class Validator:
         if pid == self.config.self_pid and not self.config.allow_self:
             self.reject(aid, f"{name}: pid {pid} is the agent itself (config allow_self)")
             return None
+        if pid in self.config.protected_pids and not self.config.allow_self:
+            self.reject(aid, f"{name}: pid {pid} is the running memtopo agent (config allow_self)")
+            return None
         st = self.procs.stat(pid)
         if st is None:
             self.host_problem(action, f"{name}: process {pid} does not exist")
@@ -315,6 +318,8 @@ class Validator:
         if tgid is not None and tgid.isdigit() and int(tgid) != pid:
             if int(tgid) == self.config.self_pid and not self.config.allow_self:
                 self.reject(aid, f"{name}: {pid} is a thread of the agent itself")
+            elif int(tgid) in self.config.protected_pids and not self.config.allow_self:
+                self.reject(aid, f"{name}: {pid} is a thread of the running memtopo agent")
             else:
                 self.reject(aid, f"{name}: {pid} is a thread of process {tgid}, not a process")
             return None

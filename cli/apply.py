@@ -1,6 +1,6 @@
 """``memtopo apply``, ``memtopo rollback`` and ``memtopo exec``.
 
-    memtopo apply PLAN.json|- [--dry-run] [--state-dir DIR] [--format text|json]
+    memtopo apply PLAN.json|- [--dry-run] [--state-dir DIR] [--agent-socket PATH] [--format text|json]
     memtopo rollback PLAN_ID [--state-dir DIR] [--format text|json]
     memtopo exec [--cpus LIST] [--membind NODES | --interleave NODES|all | --preferred NODE | --localalloc]
                  -- CMD [ARG ...]
@@ -47,6 +47,9 @@ def ok_states() -> tuple[int, ...]:
 
     return (PlanResult.STATE_APPLIED, PlanResult.STATE_UNCHANGED, PlanResult.STATE_DRY_RUN)
 
+# The agent's default sockets (agent/config.py ListenConfig): it holds an flock on PATH.lock.
+AGENT_SOCKETS = ("/run/memtopo/agent.sock", "/run/memtopo/agent-read.sock")
+
 
 def add_commands(subparsers: Any) -> None:
     """Register apply, rollback and exec on the ``memtopo`` sub-command parser."""
@@ -58,6 +61,9 @@ def add_commands(subparsers: Any) -> None:
                     help="what to do about a running irqbalance (default: ban the plan's IRQs)")
     ap.add_argument("--cgroup-prefix", action="append", default=None, metavar="PATH",
                     help="cgroup path the plan may change (repeatable; default: memtopo)")
+    ap.add_argument("--agent-socket", action="append", default=None, metavar="PATH",
+                    help="a running agent's socket: the holder of its lock (PATH.lock) is never a target "
+                         f"(repeatable; default: {' and '.join(AGENT_SOCKETS)})")
     ap.set_defaults(func=cmd_apply)
 
     rb = subparsers.add_parser("rollback", help="restore what an applied plan changed")
@@ -119,14 +125,21 @@ def live_topology() -> pb.MemoryTopology:
 def _engine(args: argparse.Namespace) -> Engine:
     from memtopo.apply.config import ApplyConfig
     from memtopo.apply.engine import Engine
-    from memtopo.apply.host import Host
+    from memtopo.apply.host import Host, flock_holders
 
     overrides: dict[str, Any] = {}
     if getattr(args, "irqbalance", None):
         overrides["irqbalance"] = args.irqbalance
     if getattr(args, "cgroup_prefix", None):
         overrides["cgroup_prefixes"] = tuple(args.cgroup_prefix)
-    return Engine(Host.live(), live_topology, _state_dir(args), ApplyConfig(**overrides),
+    host = Host.live()
+    if hasattr(args, "agent_socket"):
+        # The running agent is protected like this process: pinning its threads from here would
+        # bypass the refusal its own ApplyPlan makes.
+        sockets = args.agent_socket or AGENT_SOCKETS
+        agents = flock_holders(host.files, [f"{s}.lock" for s in sockets])
+        overrides["protected_pids"] = tuple(sorted(p for p in agents if p != os.getpid()))
+    return Engine(host, live_topology, _state_dir(args), ApplyConfig(**overrides),
                   hook=_pause_hook())
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from memtopo.apply import irqbalance
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import (
     ONLINE_CPUS,
@@ -256,6 +257,13 @@ def test_irqbalance_stop_is_restarted_on_rollback(tmp_path: Path) -> None:
     assert m.runner.calls == [("systemctl", "stop", "irqbalance.service")]  # once per plan
     m.engine(irqbalance="stop").rollback("p")
     assert ("systemctl", "start", "irqbalance.service") in m.runner.calls
+
+
+@pytest.fixture(autouse=True)
+def patient_irqbalance_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake socket below answers from a thread of this process, which a busy machine may not run
+    for seconds: the client's 2 s timeout is for a real irqbalance, not for this stand-in."""
+    monkeypatch.setattr(irqbalance, "TIMEOUT_S", 120.0)
 
 
 class FakeIrqbalanceSocket:
