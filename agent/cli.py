@@ -57,18 +57,55 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+# What gather writes (discovery.capture picks the compression from the name); any other name would
+# get an uncompressed tar that its suffix misdescribes.
+GATHER_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar")
+
+
 def cmd_gather(args: argparse.Namespace) -> int:
     out = Path(args.out)
     root = Path(args.root)
+    if not out.name.endswith(GATHER_SUFFIXES):
+        raise CaptureError(f"{args.out!r}: gather writes {', '.join(GATHER_SUFFIXES)} archives; "
+                           "name the output with one of these suffixes")
+    if not out.parent.is_dir():
+        raise CaptureError(f"{args.out!r}: directory {str(out.parent)!r} does not exist")
     # Tools and NVML answer for this host only; a gather of another root records none.
     recorded = recordings(ProbeContext.live()) if root == Path("/") else None
-    count = gather(out, root, recorded)
+    existed = out.exists()
+    try:
+        count = gather(out, root, recorded)
+    except OSError as exc:
+        if not existed:  # no half-written archive left behind under a good name
+            with contextlib.suppress(OSError):
+                out.unlink()
+        raise CaptureError(f"{args.out!r}: cannot write: {exc.strerror or exc}") from exc
     print(f"wrote {out} ({count} entries)")
     return 0
 
 
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("memtopo")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            found = "unknown (not installed: bash tools/setup.sh)"
+        print(f"memtopo {found}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memtopo", description="Memory topology node agent")
+    parser.add_argument("--version", action=_Version, help="print memtopo's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     topo = sub.add_parser("topo", help="discover and print the memory topology")

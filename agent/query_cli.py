@@ -137,12 +137,15 @@ async def _query(args: argparse.Namespace) -> int:
             return EXIT_OK if resp.status == health_pb2.HealthCheckResponse.SERVING else EXIT_FAILED
         elif args.what == "plans":
             listed = await stub.ListPlans(apb.ListPlansRequest(), timeout=args.timeout)
-            if text:
+            if text and not listed.plans:
+                print("no plans: this agent has applied, dry-run or recorded none")
+            elif text:
                 for p in listed.plans:
                     print(f"{p.plan_id}\t{planpb.PlanResult.State.Name(p.state).removeprefix('STATE_')}"
                           f"\t{p.message}")
-            else:
-                print(to_json(listed))
+            else:  # {"plans": []} when there are none, not {}
+                print(json_format.MessageToJson(listed, preserving_proto_field_name=True, indent=2,
+                                                always_print_fields_with_no_presence=True))
         elif args.what == "result":
             res = await stub.GetPlanResult(apb.GetPlanResultRequest(plan_id=args.arg), timeout=args.timeout)
             sys.stdout.write(render_result(res) if text else to_json(res) + "\n")
@@ -166,7 +169,8 @@ async def _watch(stub: NodeAgentAsyncStub, args: argparse.Namespace) -> None:
         if args.format == "json":
             print(json_format.MessageToJson(ev, preserving_proto_field_name=True, indent=None), flush=True)
         else:
-            extra = f" {len(ev.snapshot.numa_nodes)} NUMA nodes" if kind == "snapshot" else ""
+            extra = (f" {len(ev.snapshot.numa_nodes)} NUMA nodes" if kind == "snapshot" else
+                     " (rescanned: same topology)" if kind == "unchanged" else "")
             print(f"{kind} generation={ev.generation} fingerprint={ev.fingerprint[:16]}"
                   f" agent={ev.agent_instance_id}{extra}", flush=True)
         seen += 1
