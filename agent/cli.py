@@ -53,7 +53,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.links:
         sys.stdout.write(render_links(topo))
     else:
-        sys.stdout.write(to_json(topo) + "\n" if args.format == "json" else render(topo))
+        sys.stdout.write(to_json(topo) + "\n" if args.format == "json" else render(topo, all_sources=args.sources))
     return 0
 
 
@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--format", choices=("text", "json"), default="text")
     topo.add_argument("--links", action="store_true",
                       help="print the accelerator link matrix (nvidia-smi topo -m vocabulary)")
+    topo.add_argument("--sources", action="store_true",
+                      help="text: list every source with its reasons (default: unavailable ones on one line)")
     topo.set_defaults(func=cmd_topo)
 
     g = sub.add_parser("gather", help="capture this host's /sys and /proc topology files into a tarball")

@@ -60,6 +60,7 @@ def add_commands(subparsers: Any) -> None:
     q.add_argument("--dry-run", action="store_true", help="apply: validate and show the diff only")
     q.add_argument("--expected-generation", type=int, default=0,
                    help="apply: refuse unless the agent is at this generation")
+    q.add_argument("--sources", action="store_true", help="topology: every source with its reasons")
     q.add_argument("--count", type=int, default=0, help="watch: stop after this many events (0 = forever)")
     q.add_argument("--timeout", type=float, default=30.0, help="seconds per unary RPC")
     q.add_argument("--tls-ca", help="CA bundle for a TCP agent")
@@ -128,7 +129,7 @@ async def _query(args: argparse.Namespace) -> int:
         text = args.format == "text"
         if args.what == "topology":
             topo = await stub.GetTopology(apb.GetTopologyRequest(), timeout=args.timeout)
-            sys.stdout.write(render(topo) if text else to_json(topo) + "\n")
+            sys.stdout.write(render(topo, all_sources=args.sources) if text else to_json(topo) + "\n")
         elif args.what == "health":
             hstub = health_pb2_grpc.HealthStub(ch)
             resp = await hstub.Check(health_pb2.HealthCheckRequest(service=""), timeout=args.timeout)

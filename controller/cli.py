@@ -237,8 +237,6 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(json_format.MessageToJson(resp, preserving_proto_field_name=True,
                                                    always_print_fields_with_no_presence=True, indent=2) + "\n")
-    elif not resp.nodes:
-        print("no nodes: no agent has linked to this controller yet")
     else:
         sys.stdout.write(render_nodes(resp))
     return EXIT_OK
