@@ -133,6 +133,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         plan = read_plan(args.plan)
         engine = _engine(args)
         recovered = [] if args.dry_run else engine.recover()
+        before = engine.result(plan.plan_id) if plan.plan_id and not args.dry_run else None
         result = engine.apply(plan, dry_run=args.dry_run)
     except ApplyError as exc:
         print(f"memtopo: {exc}", file=sys.stderr)
@@ -140,6 +141,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for r in recovered:
         print(f"memtopo: recovered unfinished plan {r.plan_id}: {P.State.Name(r.state)}: {r.message}", file=sys.stderr)
     _emit(result, args.format, plan)
+    if before is not None and before.state == P.STATE_ROLLED_BACK and result.state == P.STATE_ROLLED_BACK:
+        # A plan id is an idempotency key (a controller resends a plan after a reconnect): once
+        # rolled back it stays so. Binding again is a new plan, under a new id.
+        print(f"memtopo: plan {plan.plan_id} was rolled back earlier; a plan id applies once, so nothing was "
+              "applied now. To bind again, apply it under a new plan_id (memtopo plan ... --plan-id NEW, "
+              'or edit "plan_id")', file=sys.stderr)
     return EXIT_OK if result.state in OK_STATES else EXIT_NOT_APPLIED
 
 
@@ -204,9 +211,12 @@ def render(result: planpb.PlanResult, plan: planpb.BindingPlan | None = None) ->
         lines.append(head)
         if ar.reason:
             lines.append(f"      {ar.reason}")
-        shown = ar.status in (S.STATUS_WOULD_CHANGE, S.STATUS_APPLIED, S.STATUS_ROLLED_BACK, S.STATUS_FAILED,
-                              S.STATUS_ROLLBACK_FAILED)
-        if shown:
+        shown = ar.status in (S.STATUS_WOULD_CHANGE, S.STATUS_APPLIED, S.STATUS_FAILED, S.STATUS_ROLLBACK_FAILED)
+        if ar.status == S.STATUS_ROLLED_BACK:
+            # What the rollback changed: from what the plan had set back to what was there before.
+            lines.extend(f"      - {a}" for a in ar.after)
+            lines.extend(f"      + {b}" for b in ar.before)
+        elif shown:
             lines.extend(f"      - {b}" for b in ar.before)
             lines.extend(f"      + {a}" for a in ar.after)
         elif ar.after:

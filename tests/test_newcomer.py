@@ -137,3 +137,46 @@ def test_query_plans_watch_and_the_published_log_against_a_running_agent(tmp_pat
         agent.stop()
 
 
+
+
+# ---- rollback and a rolled-back plan -------------------------------------------------------------------
+def test_rollback_shows_what_the_rollback_changed(tmp_path: Path) -> None:
+    """A stand-in machine (tests.apply_fakes): the apply moves the threads 0-7 → 1; the rollback's
+    diff reads the other way, 1 → 0-7."""
+    from agent import apply_cli
+    from tests.apply_fakes import machine, plan, threads
+
+    m = machine(tmp_path)
+    p = plan("p", threads("t", 100, [1], all=True))
+    engine = m.engine()
+    applied = apply_cli.render(engine.apply(p), p)
+    assert "      - pid 100 (worker) 11 threads [tid 100-110]: cpus 0-7" in applied
+    undone = apply_cli.render(engine.rollback("p")).splitlines()
+    minus = undone.index("      - pid 100 (worker) 11 threads [tid 100-110]: cpus 1")
+    assert undone[minus + 1] == "      + pid 100 (worker) 11 threads [tid 100-110]: cpus 0-7"
+
+
+def test_applying_a_rolled_back_plan_again_says_it_is_spent_and_fails(tmp_path: Path) -> None:
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        if len(os.sched_getaffinity(child.pid)) < 2:
+            pytest.skip("one CPU: a placement changes nothing to roll back")
+        state = str(tmp_path / "state")
+        made = memtopo("plan", "place", "--request", "-", "--pid", str(child.pid), "--emit", "plan",
+                       stdin='{"cpus": 1}')
+        plan_id = json.loads(made.stdout)["plan_id"]
+        assert memtopo("apply", "--state-dir", state, "-", stdin=made.stdout).returncode == 0
+        assert len(os.sched_getaffinity(child.pid)) == 1
+        assert memtopo("rollback", "--state-dir", state, plan_id).returncode == 0
+        restored = os.sched_getaffinity(child.pid)
+        again = memtopo("apply", "--state-dir", state, "-", stdin=made.stdout)
+        no_traceback(again)
+        assert again.returncode == 1
+        assert "rolled back earlier" in again.stderr and "new plan_id" in again.stderr
+        assert os.sched_getaffinity(child.pid) == restored  # nothing was applied
+        renamed = json.loads(made.stdout) | {"plan_id": plan_id + "-again"}
+        assert memtopo("apply", "--state-dir", state, "-", stdin=json.dumps(renamed)).returncode == 0
+        assert len(os.sched_getaffinity(child.pid)) == 1
+    finally:
+        child.kill()
+        child.wait()
