@@ -245,7 +245,8 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
         return []
     out = ["", "Accelerators"]
     rows = []
-    for a in topo.accelerators:
+    accels = sorted(topo.accelerators, key=lambda a: id_order(a.id))
+    for a in accels:
         memory = human_bytes(a.memory_bytes) if a.memory_bytes else "-"
         if a.memory_numa_nodes:
             memory += f" (nodes {_ids(a.memory_numa_nodes)})"
@@ -260,7 +261,7 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
         fabric = f" (every pair {link_word(pb.AcceleratorLink(kind=g.link_kind, count=g.link_count))})" \
             if g.link_kind else ""
         out.append(f"  {g.kind}: {' '.join(sorted(g.members, key=id_order))}{fabric}")
-    for a in topo.accelerators:
+    for a in accels:
         extra = "  ".join(f"{k}={v}" for k, v in sorted(a.attributes.items()))
         if extra:
             out.append(f"  {a.id}: {extra}")

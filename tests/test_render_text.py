@@ -126,3 +126,13 @@ def test_id_order_counts_like_people_do(prefix: str, numbers: list[int]) -> None
 @given(st.text(max_size=20))
 def test_id_order_takes_any_text(ident: str) -> None:
     assert isinstance(id_order(ident), tuple)
+
+
+def test_accelerator_rows_and_groups_count_numerically_whatever_order_they_arrive_in() -> None:
+    t = pb.MemoryTopology()
+    for ident in ("GPU10", "GPU2", "GPU1"):
+        t.accelerators.add(id=ident, vendor="NVIDIA", model="H100", numa_node=-1, domain=-1)
+    t.accelerator_groups.add(kind="nvlink-island", members=["GPU10", "GPU2", "GPU1"])
+    lines = section(render(t), "Accelerators")
+    assert [line.split()[0] for line in lines[2:5]] == ["GPU1", "GPU2", "GPU10"]
+    assert "  nvlink-island: GPU1 GPU2 GPU10" in lines
