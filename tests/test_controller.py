@@ -446,7 +446,7 @@ def test_submit_plan_round_trip_and_stored_result() -> None:
         await a.join("n1", topo(1, "fp1"))
         async with admin(addr) as stub:
             submit = asyncio.ensure_future(stub.SubmitPlan(apb.SubmitPlanRequest(
-                node_name="n1", plan=plan("p-1"), dry_run=True, timeout_seconds=5)))
+                node_name="n1", plan=plan("p-1"), dry_run=True, timeout_seconds=60)))
             msg = await a.expect("plan")
             assert msg.plan.plan.plan_id == "p-1" and msg.plan.dry_run
             await a.send(plan_result=P(plan_id="p-1", state=P.STATE_DRY_RUN, message="would change 0"))
@@ -493,7 +493,7 @@ def test_a_plan_in_flight_is_resent_when_the_node_reconnects() -> None:
         await a.join("n1", topo(1, "fp1"))
         async with admin(addr) as stub:
             submit = asyncio.ensure_future(stub.SubmitPlan(apb.SubmitPlanRequest(
-                node_name="n1", plan=plan("p-2"), timeout_seconds=10)))
+                node_name="n1", plan=plan("p-2"), timeout_seconds=60)))
             await a.expect("plan")
             await a.close()  # the link drops before the agent answers
             await wait_until(lambda: not running.fleet.nodes()[0].connected)
@@ -683,7 +683,7 @@ def test_the_agents_controller_link_delivers_each_new_generation() -> None:
             assert running.fleet.nodes()[0].generation == 2
             async with admin(addr) as stub:
                 result = await stub.SubmitPlan(apb.SubmitPlanRequest(node_name="real", plan=plan("interop"),
-                                                                     timeout_seconds=5))
+                                                                     timeout_seconds=60))
             assert result.state == P.STATE_APPLIED and result.node_name == "real"
         finally:
             await link.stop()
