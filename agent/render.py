@@ -88,7 +88,7 @@ def _free_known(topo: pb.MemoryTopology) -> bool:
 
 
 def _node_of(topo: pb.MemoryTopology, domain: int, node: int) -> int:
-    """An interconnect end's NUMA node; older messages name only the domain (its first node)."""
+    """An interconnect end's NUMA node; where the message leaves it unknown (-1), its domain's first."""
     if node >= 0:
         return node
     d = topo.domains[domain] if 0 <= domain < len(topo.domains) else None
