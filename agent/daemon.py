@@ -145,7 +145,8 @@ class Agent:
             log.debug("discovery_unchanged", trigger=reasons, seconds=round(elapsed, 4))
             return
         self.metrics.set_topology(topo)
-        degraded = [s.source for s in topo.sources if s.state != pb.SOURCE_STATE_OK]
+        # Unavailable is not degraded: a vendor that is simply absent (no AMD GPU, no npu-smi) is no fault.
+        degraded = [s.source for s in topo.sources if s.state == pb.SOURCE_STATE_DEGRADED]
         log.info("generation_published", node=topo.node_name, generation=pub.generation,
                  fingerprint=pub.fingerprint[:16], trigger=reasons, seconds=round(elapsed, 4),
                  numa_nodes=len(topo.numa_nodes), accelerators=len(topo.accelerators),

@@ -88,9 +88,9 @@ class NodeAgentService:
                               and request.generation == cur.generation
                               and request.fingerprint == cur.fingerprint)
         yield cur.event_bytes(state.instance_id, kind="unchanged" if current_for_client else "")
-        sent = cur.generation
+        sent, rescans = cur.generation, state.rescans
         while True:
-            nxt = await state.wait_change(sent, self.heartbeat_seconds)
+            nxt = await state.wait_change(sent, self.heartbeat_seconds, after_rescans=rescans)
             if state.closing:
                 last = state.current or cur
                 yield last.event_bytes(state.instance_id, kind="agent shutting down")
@@ -98,6 +98,10 @@ class NodeAgentService:
             if nxt is None:
                 beat = state.current or cur
                 yield beat.event_bytes(state.instance_id, kind="heartbeat")
+                continue
+            rescans = state.rescans
+            if nxt.generation == sent:  # a rescan found the same topology: say so, send nothing new
+                yield nxt.event_bytes(state.instance_id, kind="unchanged")
                 continue
             yield nxt.event_bytes(state.instance_id)
             sent = nxt.generation

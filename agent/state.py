@@ -83,6 +83,9 @@ class TopologyState:
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[Published], None]] = []
         self.closing = False
+        # Discoveries that found the published topology again (SIGHUP, uevent, periodic): watchers
+        # are told, so a rescan is visible even when it changes nothing.
+        self.rescans = 0
 
     @property
     def generation(self) -> int:
@@ -96,27 +99,35 @@ class TopologyState:
 
         ``topo`` is owned by the state from here on (it is served as is to every reader)."""
         if self.current is not None and topo.fingerprint == self.current.fingerprint:
+            self.rescans += 1
+            self._wake()
             return None
         topo.generation = self.generation + 1
         pub = Published(topo, topo.SerializeToString(), topo.generation, topo.fingerprint)
         self.current = pub
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._wake()
         for callback in self._listeners:
             callback(pub)
         return pub
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def close(self) -> None:
         """Wake every waiter for the last time: the agent is shutting down."""
         self.closing = True
         self._changed.set()
 
-    async def wait_change(self, after_generation: int, timeout: float | None) -> Published | None:
-        """The first generation newer than ``after_generation``; None on timeout or shutdown."""
+    async def wait_change(self, after_generation: int, timeout: float | None,
+                          after_rescans: int | None = None) -> Published | None:
+        """The first generation newer than ``after_generation`` (or, given ``after_rescans``, the
+        current one once a rescan beyond that count found it again); None on timeout or shutdown."""
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         while not self.closing:
             cur = self.current
-            if cur is not None and cur.generation > after_generation:
+            if cur is not None and (cur.generation > after_generation
+                                    or (after_rescans is not None and self.rescans > after_rescans)):
                 return cur
             event = self._changed
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()

@@ -164,6 +164,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         plan = read_plan(args.plan)
         engine = _engine(args)
         recovered = [] if args.dry_run else engine.recover()
+        before = engine.result(plan.plan_id) if plan.plan_id and not args.dry_run else None
         result = engine.apply(plan, dry_run=args.dry_run)
     except ApplyError as exc:
         fail(exc)
@@ -171,6 +172,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for r in recovered:
         fail(f"recovered unfinished plan {r.plan_id}: {planpb.PlanResult.State.Name(r.state)}: {r.message}")
     _emit(result, args.format, plan)
+    rolled_back = planpb.PlanResult.STATE_ROLLED_BACK
+    if before is not None and before.state == rolled_back and result.state == rolled_back:
+        # A plan id is an idempotency key (a controller resends a plan after a reconnect): once
+        # rolled back it stays so. Binding again is a new plan, under a new id.
+        fail(f"plan {plan.plan_id} was rolled back earlier; a plan id applies once, so nothing was "
+             "applied now. To bind again, apply it under a new plan_id (memtopo plan ... --plan-id NEW, "
+             'or edit "plan_id")')
     return EXIT_OK if result.state in ok_states() else EXIT_NOT_APPLIED
 
 
@@ -249,10 +257,13 @@ def render(result: planpb.PlanResult, plan: planpb.BindingPlan | None = None) ->
         lines.append(head)
         if ar.reason:
             lines.append(f"      {ar.reason}")
-        shown = ar.status in (ActionResult.STATUS_WOULD_CHANGE, ActionResult.STATUS_APPLIED,
-                              ActionResult.STATUS_ROLLED_BACK, ActionResult.STATUS_FAILED,
+        shown = ar.status in (ActionResult.STATUS_WOULD_CHANGE, ActionResult.STATUS_APPLIED, ActionResult.STATUS_FAILED,
                               ActionResult.STATUS_ROLLBACK_FAILED)
-        if shown:
+        if ar.status == ActionResult.STATUS_ROLLED_BACK:
+            # What the rollback changed: from what the plan had set back to what was there before.
+            lines.extend(f"      - {a}" for a in ar.after)
+            lines.extend(f"      + {b}" for b in ar.before)
+        elif shown:
             lines.extend(f"      - {b}" for b in ar.before)
             lines.extend(f"      + {a}" for a in ar.after)
         elif ar.after:

@@ -1,7 +1,7 @@
 """``memtopo controller``: run the reference controller, or ask a running one.
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
-    memtopo controller nodes [--format table|json]
+    memtopo controller nodes [--format text|json]
     memtopo controller topology NODE [--format text|json]
     memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
     memtopo controller result NODE PLAN_ID [--format text|json]
@@ -61,7 +61,8 @@ def add_commands(subparsers: Any) -> None:
     serve.set_defaults(func=cmd_serve)
 
     nodes = sub.add_parser("nodes", help="list the nodes the controller knows")
-    nodes.add_argument("--format", choices=("table", "json"), default="table")
+    # "table" was this command's old name for text; still accepted so scripts keep working.
+    nodes.add_argument("--format", choices=("text", "json", "table"), default="text", metavar="{text,json}")
     _client_options(nodes)
     nodes.set_defaults(func=cmd_nodes)
 

@@ -68,8 +68,13 @@ def cmd_topo(args: argparse.Namespace) -> int:
     else:
         from memtopo.cli.render import render
 
-        sys.stdout.write(render(topo))
+        sys.stdout.write(render(topo, all_sources=args.sources))
     return 0
+
+
+# What gather writes (discovery.capture picks the compression from the name); any other name would
+# get an uncompressed tar that its suffix misdescribes.
+GATHER_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar")
 
 
 def cmd_gather(args: argparse.Namespace) -> int:
@@ -81,12 +86,23 @@ def cmd_gather(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     root = Path(args.root)
+    if not out.name.endswith(GATHER_SUFFIXES):
+        fail(f"{args.out!r}: gather writes {', '.join(GATHER_SUFFIXES)} archives; name the output with one of "
+             "these suffixes")
+        return EXIT_USAGE
+    if not out.parent.is_dir():
+        fail(f"{args.out!r}: directory {str(out.parent)!r} does not exist")
+        return EXIT_USAGE
     # Tools and NVML answer for this host only; a gather of another root records none.
     recorded = recordings(ProbeContext.live()) if root == Path("/") else None
+    existed = out.exists()
     try:
         count = gather(out, root, recorded)
-    except CaptureError as exc:
-        fail(exc)
+    except (CaptureError, OSError) as exc:
+        if not existed:  # no half-written archive left behind under a good name
+            with contextlib.suppress(OSError):
+                out.unlink()
+        fail(exc if isinstance(exc, CaptureError) else f"{args.out!r}: cannot write: {exc.strerror or exc}")
         return EXIT_USAGE
     print(f"wrote {out} ({count} entries)")
     return 0
@@ -104,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--format", choices=("text", "json"), default="text")
     topo.add_argument("--links", action="store_true",
                       help="print the accelerator link matrix (nvidia-smi topo -m vocabulary)")
+    topo.add_argument("--sources", action="store_true",
+                      help="text: list every source with its reasons (default: unavailable ones on one line)")
     topo.set_defaults(func=cmd_topo)
 
     g = sub.add_parser("gather", help="capture this host's /sys and /proc topology files into a tarball")

@@ -33,6 +33,8 @@ LIVE: Final = "live host"
 def _check_plan_options(args: argparse.Namespace) -> None:
     """Options that shape a plan make no sense without the process it binds."""
     if args.pid is not None:
+        if args.pid <= 0:
+            raise UsageError(f"--pid {args.pid}: a process id is a positive number")
         return
     given = [opt for opt, value in (("--npu", getattr(args, "npu", None)), ("--plan-id", args.plan_id))
              if value is not None]
@@ -67,14 +69,19 @@ def _context(root: str | None) -> Iterator[ProbeContext]:
         yield ctx
 
 
-def discover_facts(root: str | None, with_irqs: bool = False) -> Facts:
-    """Discovery of ``root`` (None: this host); with the NPUs' IRQs when a plan will bind them."""
-    from memtopo.apply.host import HostFiles
+def discover_facts(root: str | None, with_irqs: bool = False, pid: int | None = None) -> Facts:
+    """Discovery of ``root`` (None: this host); with the NPUs' IRQs when a plan will bind them.
+
+    A plan for this host binds a process that runs here: ``pid`` must (a captured root has no
+    processes; `memtopo apply` checks it where the plan runs)."""
+    from memtopo.apply.host import HostFiles, Procs
     from memtopo.discovery.capture import CaptureError
     from memtopo.discovery.discover import discover
 
     try:
         with _context(root) as ctx:
+            if root is None and pid is not None and Procs(HostFiles(ctx.fs)).stat(pid) is None:
+                raise UsageError(f"--pid {pid}: no such process on this host")
             topo = discover(ctx)
             found = npu_irqs(HostFiles(ctx.fs), topo) if with_irqs else {}
     except CaptureError as exc:
@@ -125,7 +132,7 @@ def run_cpu_binding(args: argparse.Namespace, obj: Any) -> PlanOutput:
     facts: Facts | None = None
     added: list[str] = []
     if args.root is not None or _missing(body, CPU_BINDING_REQUIRED):
-        facts = discover_facts(args.root, with_irqs=args.pid is not None)
+        facts = discover_facts(args.root, with_irqs=args.pid is not None, pid=args.pid)
         filled = cpu_binding.fill_from_topology(body, facts.topology)
         still = _missing(filled, CPU_BINDING_REQUIRED)
         if still:
@@ -248,9 +255,9 @@ def parse_topology(obj: Any) -> pb.MemoryTopology:
 
 
 def run_place(args: argparse.Namespace, obj: Any) -> PlanOutput:
-    _check_plan_options(args)
     body = dict(as_object(obj))
     inline = body.pop("topology", None)
+    _check_plan_options(args)
     # Parsed before discovery: a bad request is refused without waiting for the host.
     req = place.parse_request(body)
     facts: Facts | None = None
@@ -259,7 +266,7 @@ def run_place(args: argparse.Namespace, obj: Any) -> PlanOutput:
             raise UsageError("the request carries a topology and --root names another; give one of them")
         topo = parse_topology(inline)
     else:
-        facts = discover_facts(args.root)
+        facts = discover_facts(args.root, pid=args.pid)
         topo = facts.topology
     decision = place.decide(req, topo)
     doc = decision.to_json()

@@ -46,6 +46,7 @@ def add_commands(subparsers: Any) -> None:
     q.add_argument("--dry-run", action="store_true", help="apply: validate and show the diff only")
     q.add_argument("--expected-generation", type=int, default=0,
                    help="apply: refuse unless the agent is at this generation")
+    q.add_argument("--sources", action="store_true", help="topology: every source with its reasons")
     q.add_argument("--count", type=int, default=0, help="watch: stop after this many events (0 = forever)")
     q.add_argument("--timeout", type=float, default=30.0, help="seconds per unary RPC")
     q.add_argument("--tls-ca", help="CA bundle for a TCP agent")
@@ -158,7 +159,7 @@ async def _query(args: argparse.Namespace) -> int:
         text = args.format == "text"
         if args.what == "topology":
             topo = await stub.GetTopology(apb.GetTopologyRequest(), timeout=args.timeout)
-            sys.stdout.write(render(topo) if text else message_json(topo) + "\n")
+            sys.stdout.write(render(topo, all_sources=args.sources) if text else message_json(topo) + "\n")
         elif args.what == "health":
             hstub = health_pb2_grpc.HealthStub(ch)
             resp = await hstub.Check(health_pb2.HealthCheckRequest(service=""), timeout=args.timeout)
@@ -167,12 +168,14 @@ async def _query(args: argparse.Namespace) -> int:
             return EXIT_OK if resp.status == health_pb2.HealthCheckResponse.SERVING else EXIT_FAILED
         elif args.what == "plans":
             listed = await stub.ListPlans(apb.ListPlansRequest(), timeout=args.timeout)
-            if text:
+            if text and not listed.plans:
+                print("no plans: this agent has applied, dry-run or recorded none")
+            elif text:
                 for p in listed.plans:
                     print(f"{p.plan_id}\t{planpb.PlanResult.State.Name(p.state).removeprefix('STATE_')}"
                           f"\t{p.message}")
-            else:
-                print(message_json(listed))
+            else:  # {"plans": []} when there are none, not {}
+                print(message_json(listed, defaults=True))
         elif args.what == "result":
             res = await stub.GetPlanResult(apb.GetPlanResultRequest(plan_id=args.arg), timeout=args.timeout)
             sys.stdout.write(render_result(res) if text else message_json(res) + "\n")
@@ -201,7 +204,8 @@ async def _watch(stub: NodeAgentAsyncStub, args: argparse.Namespace) -> None:
         if args.format == "json":
             print(message_json(ev, indent=None), flush=True)
         else:
-            extra = f" {len(ev.snapshot.numa_nodes)} NUMA nodes" if kind == "snapshot" else ""
+            extra = (f" {len(ev.snapshot.numa_nodes)} NUMA nodes" if kind == "snapshot" else
+                     " (rescanned: same topology)" if kind == "unchanged" else "")
             print(f"{kind} generation={ev.generation} fingerprint={ev.fingerprint[:16]}"
                   f" agent={ev.agent_instance_id}{extra}", flush=True)
         seen += 1

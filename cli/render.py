@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import textwrap
+from collections.abc import Iterable, Sequence
 
 from memtopo.cli.output import table
 from memtopo.cpulist import format_cpulist
+from memtopo.discovery.accelerators import id_order
+from memtopo.discovery.sysfs_numa import SOURCE as SYSFS_NUMA
 from memtopo.links import pair_links
 from memtopo.v1 import topology_pb2 as pb
 
 # Above this many domains the pairwise link table is summarised: 64 nodes make 2016 pairs.
 MAX_LINK_ROWS = 16
+# Matrices wider than this many columns are folded into blocks of columns (a 64-node SLIT is 262
+# columns wide, a 64-GPU link matrix 472).
+MAX_WIDTH = 100
+# Pairs with measured performance listed one by one when the link table is summarised.
+MAX_MEASURED_ROWS = 16
 
 
 def human_bytes(n: int) -> str:
@@ -42,7 +50,50 @@ def _perf(p: pb.LinkPerformance) -> str:
     return f"{f'{bw} MB/s' if bw else '? MB/s'} {f'{lat} ns' if lat else '? ns'} ({src})"
 
 
-def render(topo: pb.MemoryTopology) -> str:
+def folded_table(corner: str, columns: Sequence[str], rows: Sequence[tuple[str, Sequence[str]]],
+                 tail: Sequence[str] = (), tails: Sequence[Sequence[str]] = (), indent: str = "  ",
+                 width: int = MAX_WIDTH) -> list[str]:
+    """A labelled matrix whose columns are split into blocks no wider than ``width`` (each block
+    repeats the row labels; the ``tail`` columns, one row each in ``tails``, close the last block)."""
+    label_w = max([len(corner), *(len(label) for label, _ in rows)])
+    widths = [max([len(h), *(len(cells[i]) for _, cells in rows)]) for i, h in enumerate(columns)]
+    blocks: list[list[int]] = [[]]
+    used = len(indent) + label_w
+    for i, w in enumerate(widths):
+        if blocks[-1] and used + 2 + w > width:
+            blocks.append([])
+            used = len(indent) + label_w
+        blocks[-1].append(i)
+        used += 2 + w
+    out: list[str] = []
+    for n, block in enumerate(blocks):
+        last = n == len(blocks) - 1
+        if n:
+            out.append("")
+        headers = [corner, *(columns[i] for i in block), *(tail if last else ())]
+        body = [[label, *(cells[i] for i in block), *(tails[r] if last and tails else ())]
+                for r, (label, cells) in enumerate(rows)]
+        out += table(headers, body, indent=indent)
+    return out
+
+
+def _free_known(topo: pb.MemoryTopology) -> bool:
+    """Free memory comes from sysfs meminfo; an hwloc XML export or a capture without it has none."""
+    return any(s.source == SYSFS_NUMA and s.state in (pb.SOURCE_STATE_OK, pb.SOURCE_STATE_DEGRADED)
+               for s in topo.sources)
+
+
+def _node_of(topo: pb.MemoryTopology, domain: int, node: int) -> int:
+    """An interconnect end's NUMA node; where the message leaves it unknown (-1), its domain's first."""
+    if node >= 0:
+        return node
+    d = topo.domains[domain] if 0 <= domain < len(topo.domains) else None
+    return d.numa_nodes[0] if d is not None and d.numa_nodes else -1
+
+
+def render(topo: pb.MemoryTopology, all_sources: bool = False) -> str:
+    """The text view; ``all_sources`` lists every source with its reasons, where by default the
+    unavailable ones (vendors simply absent) share one line."""
     out: list[str] = []
     out.append(f"node {topo.node_name or '?'}  machine-id {topo.machine_id or '?'}  boot-id {topo.boot_id or '?'}")
     out.append(f"generation {topo.generation}  fingerprint {topo.fingerprint[:16]}  root {topo.source_root}")
@@ -56,13 +107,15 @@ def render(topo: pb.MemoryTopology) -> str:
 
     out += ["", "Memory domains"]
     rows = []
+    free_known = _free_known(topo)
     for d in topo.domains:
-        tier = f"{d.kernel_tier if d.kernel_tier >= 0 else '-'}/{d.hwloc_tier if d.hwloc_tier >= 0 else '-'}"
         rows.append([str(d.id), _enum(pb.MemoryDomainType, d.type, "MEMORY_DOMAIN_TYPE_"), _ids(d.numa_nodes),
                      _ids(d.attached_cpus), _ids(d.local_cpus), human_bytes(d.capacity_bytes),
-                     human_bytes(d.free_bytes), tier, d.subtype or "-", _perf(d.local_performance)])
-    out += table(["ID", "TYPE", "NODES", "CPUS", "LOCAL-CPUS", "CAPACITY", "FREE", "TIER(k/h)", "SUBTYPE",
-                   "LOCAL BW/LAT"], rows)
+                     human_bytes(d.free_bytes) if free_known else "unknown",
+                     str(d.kernel_tier) if d.kernel_tier >= 0 else "-",
+                     str(d.hwloc_tier) if d.hwloc_tier >= 0 else "-", d.subtype or "-", _perf(d.local_performance)])
+    out += table(["ID", "TYPE", "NODES", "CPUS", "LOCAL-CPUS", "CAPACITY", "FREE", "KERNEL-TIER", "HWLOC-TIER",
+                  "SUBTYPE", "LOCAL BW/LAT"], rows)
     out += [f"  domain {d.id}: {d.note}" for d in topo.domains if d.note]
 
     out += ["", "NUMA nodes"]
@@ -80,21 +133,9 @@ def render(topo: pb.MemoryTopology) -> str:
     if with_rows:
         cols = list(with_rows[0].distance_nodes)
         out += ["", "NUMA distances (SLIT)"]
-        out += table(["node", *map(str, cols)],
-                      [[str(n.id), *map(str, n.distances)] for n in with_rows])
+        out += folded_table("node", list(map(str, cols)), [(str(n.id), list(map(str, n.distances))) for n in with_rows])
 
-    if topo.interconnects:
-        out += ["", "Interconnects"]
-        perf_known = [i for i in topo.interconnects
-                      if i.a_to_b.source not in (pb.PERFORMANCE_SOURCE_SLIT, 0)
-                      or i.b_to_a.source not in (pb.PERFORMANCE_SOURCE_SLIT, 0)]
-        shown = topo.interconnects if len(topo.domains) <= MAX_LINK_ROWS else perf_known
-        rows = [[f"{i.domain_a}-{i.domain_b}", _enum(pb.MemoryLinkType, i.link_type, "MEMORY_LINK_TYPE_"),
-                 f"{i.distance_a_to_b}/{i.distance_b_to_a}", _perf(i.a_to_b), _perf(i.b_to_a)] for i in shown]
-        out += table(["PAIR", "LINK", "DIST", "A→B", "B→A"], rows)
-        if len(shown) < len(topo.interconnects):
-            out.append(f"  ... {len(topo.interconnects) - len(shown)} more pairs with SLIT distance only"
-                       " (--format json has them all)")
+    out += _interconnects(topo)
 
     if topo.memory_tiers:
         out += ["", "Memory tiers"]
@@ -139,11 +180,60 @@ def render(topo: pb.MemoryTopology) -> str:
     out += _accelerators(topo)
 
     out += ["", "Sources"]
+    absent = [s.source for s in topo.sources if s.state == pb.SOURCE_STATE_UNAVAILABLE and not all_sources]
     for s in topo.sources:
+        if s.source in absent:
+            continue
         state = _enum(pb.SourceState, s.state, "SOURCE_STATE_")
         out.append(f"  {s.source:<20} {state:<12} {s.duration_seconds * 1000:6.1f} ms")
         out += [f"      {r}" for r in s.reasons]
+    if absent:
+        out += textwrap.wrap(f"unavailable: {', '.join(absent)} (topo --sources says why)", MAX_WIDTH,
+                             initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
     return "\n".join(out) + "\n"
+
+
+def _interconnects(topo: pb.MemoryTopology) -> list[str]:
+    """Domain pairs named by their NUMA nodes (the SLIT matrix's ids). Past MAX_LINK_ROWS domains,
+    grouped by link and distance, with the pairs that carry measured performance listed."""
+    if not topo.interconnects:
+        return []
+    out = ["", "Interconnects (NUMA nodes; --format json has each pair)"]
+
+    def ends(i: pb.MemoryInterconnect) -> str:
+        return f"{_node_of(topo, i.domain_a, i.numa_node_a)}↔{_node_of(topo, i.domain_b, i.numa_node_b)}"
+
+    def link(i: pb.MemoryInterconnect) -> str:
+        kind = _enum(pb.MemoryLinkType, i.link_type, "MEMORY_LINK_TYPE_")
+        return f"{kind} {i.accelerator}" if i.accelerator else kind
+
+    def measured(i: pb.MemoryInterconnect) -> bool:
+        return (i.a_to_b.source not in (pb.PERFORMANCE_SOURCE_SLIT, 0)
+                or i.b_to_a.source not in (pb.PERFORMANCE_SOURCE_SLIT, 0))
+
+    def row(i: pb.MemoryInterconnect) -> list[str]:
+        domains = str(i.domain_a) if i.domain_a == i.domain_b else f"{i.domain_a}-{i.domain_b}"
+        return [ends(i), domains, link(i), f"{i.distance_a_to_b}/{i.distance_b_to_a}", _perf(i.a_to_b),
+                _perf(i.b_to_a)]
+
+    headers = ["NODES", "DOMAINS", "LINK", "DIST", "A→B", "B→A"]
+    if len(topo.domains) <= MAX_LINK_ROWS:
+        return out + table(headers, [row(i) for i in topo.interconnects])
+    groups: dict[tuple[str, int, int], list[pb.MemoryInterconnect]] = {}
+    for i in topo.interconnects:
+        groups.setdefault((link(i), i.distance_a_to_b, i.distance_b_to_a), []).append(i)
+    summary = []
+    for (kind, ab, ba), pairs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        sample = ", ".join(ends(i) for i in pairs[:4]) + (", …" if len(pairs) > 4 else "")
+        summary.append([kind, f"{ab}/{ba}", str(len(pairs)), str(sum(map(measured, pairs))), sample])
+    out += table(["LINK", "DIST", "PAIRS", "MEASURED", "E.G."], summary)
+    known = [i for i in topo.interconnects if measured(i)]
+    if known:
+        out += ["", f"  with measured performance ({len(known)} pairs):"]
+        out += table(headers, [row(i) for i in known[:MAX_MEASURED_ROWS]], indent="    ")
+        if len(known) > MAX_MEASURED_ROWS:
+            out.append(f"    … {len(known) - MAX_MEASURED_ROWS} more")
+    return out
 
 
 def _accelerators(topo: pb.MemoryTopology) -> list[str]:
@@ -151,7 +241,8 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
         return []
     out = ["", "Accelerators"]
     rows = []
-    for a in topo.accelerators:
+    accels = sorted(topo.accelerators, key=lambda a: id_order(a.id))
+    for a in accels:
         memory = human_bytes(a.memory_bytes) if a.memory_bytes else "-"
         if a.memory_numa_nodes:
             memory += f" (nodes {_ids(a.memory_numa_nodes)})"
@@ -165,8 +256,8 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
     for g in topo.accelerator_groups:
         fabric = f" (every pair {link_word(pb.AcceleratorLink(kind=g.link_kind, count=g.link_count))})" \
             if g.link_kind else ""
-        out.append(f"  {g.kind}: {' '.join(g.members)}{fabric}")
-    for a in topo.accelerators:
+        out.append(f"  {g.kind}: {' '.join(sorted(g.members, key=id_order))}{fabric}")
+    for a in accels:
         extra = "  ".join(f"{k}={v}" for k, v in sorted(a.attributes.items()))
         if extra:
             out.append(f"  {a.id}: {extra}")
@@ -186,10 +277,13 @@ def render_links(topo: pb.MemoryTopology) -> str:
     words: dict[tuple[str, str], str] = {}
     for a, b, link in pair_links(topo):
         words[(a, b)] = words[(b, a)] = link_word(link)
+    accels.sort(key=lambda a: id_order(a.id))
     ids = [a.id for a in accels]
-    rows = [[a.id, *("X" if a.id == b else words.get((a.id, b), "-") for b in ids),
-             _ids(a.local_cpus), str(a.numa_node) if a.numa_node >= 0 else "N/A"] for a in accels]
-    out = table(["", *ids, "CPU Affinity", "NUMA Affinity"], rows, indent="")
+    out = folded_table("", ids, [(a.id, ["X" if a.id == b else words.get((a.id, b), "-") for b in ids])
+                                 for a in accels],
+                       tail=["CPU Affinity", "NUMA Affinity"],
+                       tails=[[_ids(a.local_cpus), str(a.numa_node) if a.numa_node >= 0 else "N/A"] for a in accels],
+                       indent="")
     legend = [
         "", "Legend:",
         "  X    = Self",

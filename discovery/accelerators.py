@@ -93,6 +93,13 @@ class Link(NamedTuple):
     source: str = "pci"
 
 
+def id_order(ident: str) -> tuple[tuple[int, str, int], ...]:
+    """Sort key for accelerator ids as people count them: GPU2 before GPU10."""
+    # re.split with a group alternates text and digit runs: odd positions are the numbers.
+    return tuple((0, "", int(part)) if n % 2 else (1, part, 0)
+                 for n, part in enumerate(re.split(r"(\d+)", ident)) if part)
+
+
 def _ordered(x: str, y: str) -> tuple[str, str]:
     return (x, y) if x < y else (y, x)
 
@@ -350,7 +357,7 @@ def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tu
                 classes.setdefault((len(linked), sum(linked)), []).append(ids[i])
         keys = sorted(classes)
         for n, key in enumerate(keys):
-            members = tuple(sorted(classes[key]))
+            members = tuple(sorted(classes[key], key=id_order))
             if len(members) > 1:
                 fabrics.append(Fabric(members, "NV", key[0], int(key[1]), "hwloc"))
             for other in keys[n + 1:]:

@@ -169,9 +169,14 @@ def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
     memattrs = _MemattrIndex(hw)
     normal = set(numa.has_normal_memory) if numa and numa.has_normal_memory is not None else None
     for domain_id, (ms, primary) in enumerate(zip(members, primaries, strict=True)):
-        subtype = "+".join(sorted({n.hw.subtype for n in ms if n.hw and n.hw.subtype}))
-        dax = dax_by_node.get(primary.id)
         unified = domain_id in unified_domains
+        kinds = {n.hw.subtype for n in ms if n.hw and n.hw.subtype}
+        if unified and kinds:
+            # hwloc names only the superchip's GPU side (GPUMemory); its CPU side is plain DRAM, and
+            # the domain is both.
+            kinds |= {"DRAM" for n in ms if n.hw and not n.hw.subtype and n.memory}
+        subtype = "+".join(sorted(kinds))
+        dax = dax_by_node.get(primary.id)
         dtype = pb.MEMORY_DOMAIN_TYPE_UNIFIED if unified else _domain_type(primary, subtype, dax, dram_bw)
         d = topo.domains.add(
             id=domain_id,

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.fixtures import HWLOC_LINUX, LAB_CAPTURES, SHARED
+
+# A test must not depend on the machine's speed: hypothesis' default 200 ms deadline per example and
+# its too_slow health check fail on a busy 2-core box (a parser that takes 309 ms under load is not
+# wrong). Loaded here, before any test module builds its @settings, so every test inherits it.
+settings.register_profile("memtopo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("memtopo")
 
 
 def pytest_configure(config: pytest.Config) -> None:

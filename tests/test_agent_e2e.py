@@ -109,7 +109,7 @@ class Agent:
 
     def http(self, path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=30) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
@@ -157,7 +157,7 @@ class Controller:
 
     def node(self, name: str = "e2e-node") -> apb.NodeSummary | None:
         with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
-            nodes = agent_pb2_grpc.ControllerAdminStub(ch).ListNodes(apb.ListNodesRequest(), timeout=2).nodes
+            nodes = agent_pb2_grpc.ControllerAdminStub(ch).ListNodes(apb.ListNodesRequest(), timeout=30).nodes
         return next((n for n in nodes if n.node_name == name), None)
 
     def submit(self, plan: planpb.BindingPlan) -> planpb.PlanResult:
@@ -241,18 +241,18 @@ def test_agent_and_controller_end_to_end(tmp_path: Path) -> None:
             assert any(n.startswith("STATUS=") or "\nSTATUS=" in n for n in notes)
 
             with agent.channel() as ch:
-                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=30)
                 assert health.status == health_pb2.HealthCheckResponse.SERVING
-                topo = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=5)
+                topo = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=30)
             assert topo.generation == 1 and topo.node_name == "e2e-node"
             assert NEW_BDF not in {d.bdf for d in topo.pci_devices}
             # The readers' socket (beside agent.sock by default) answers the same; it never applies,
             # not even for root.
             with grpc.insecure_channel(f"unix://{tmp_path / 'agent-read.sock'}") as ch:
-                assert agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=5) == topo
+                assert agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=30) == topo
                 with pytest.raises(grpc.RpcError) as refused:
                     agent.stub(ch).ApplyPlan(apb.ApplyPlanRequest(plan=pin_plan("ro", child.pid, [0]), dry_run=True),
-                                             timeout=5)
+                                             timeout=30)
                 assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
             held = wait_for(lambda: (n := controller.node()) and n.generation == 1 and n, what="controller snapshot")
             assert held.fingerprint == topo.fingerprint and held.connected
@@ -275,7 +275,7 @@ def test_agent_and_controller_end_to_end(tmp_path: Path) -> None:
                 os.kill(agent.proc.pid, signal.SIGHUP)  # type: ignore[union-attr]
                 controller.start()
             with agent.channel() as ch:
-                latest = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=5)
+                latest = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=30)
             assert latest.generation >= 3
             final = wait_for(lambda: (n := controller.node()) and n.generation == latest.generation and n,
                              what="controller at the latest generation")

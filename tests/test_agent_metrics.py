@@ -369,10 +369,11 @@ def test_unary_calls_count_by_method_and_code(tmp_path: Path) -> None:
     counts = s["memtopo_grpc_request_duration_seconds_count"]
     assert counts[(("method", m_("Ok")),)] == 3
     assert counts[(("method", m_("Slow")),)] == 1
-    # The slow call lasted until its 0.2 s deadline; the fast ones far less.
+    # The slow call lasted until its 0.2 s deadline, counted in seconds: a lower bound any machine
+    # meets, and an upper one only a unit slip (milliseconds: 200) would break.
     sums = s["memtopo_grpc_request_duration_seconds_sum"]
-    assert 0.15 <= sums[(("method", m_("Slow")),)] < 5
-    assert sums[(("method", m_("Ok")),)] < 0.5
+    assert 0.15 <= sums[(("method", m_("Slow")),)] < 60
+    assert 0 < sums[(("method", m_("Ok")),)] < 60
 
 
 def test_server_streams_count_once_at_stream_end_and_stay_out_of_the_unary_histogram(tmp_path: Path) -> None:
@@ -394,7 +395,7 @@ def test_server_streams_count_once_at_stream_end_and_stay_out_of_the_unary_histo
         during["count"] = value(m, "memtopo_grpc_requests_total", method=m_("WatchForever"), code="CANCELLED")
         forever.cancel()
         # The inner generator's cleanup runs when the call ends, not when it is garbage collected.
-        await asyncio.wait_for(probe.inner_closed.wait(), 5)
+        await asyncio.wait_for(probe.inner_closed.wait(), 30)
 
     serve(tmp_path, m, body)
     assert during == {"open": 1, "count": None}

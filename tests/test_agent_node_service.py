@@ -84,7 +84,7 @@ def events(stub: NodeAgentAsyncStub, req: apb.WatchTopologyRequest) -> AsyncIter
 
 
 async def _next(stream: AsyncIterator[apb.TopologyEvent]) -> apb.TopologyEvent:
-    return await asyncio.wait_for(anext(stream), 5)
+    return await asyncio.wait_for(anext(stream), 30)
 
 
 def test_watch_sends_the_snapshot_then_each_new_generation(tmp_path: Path) -> None:
@@ -94,10 +94,26 @@ def test_watch_sends_the_snapshot_then_each_new_generation(tmp_path: Path) -> No
         first = await _next(stream)
         assert first.WhichOneof("event") == "snapshot"
         assert (first.generation, first.snapshot.fingerprint, first.agent_instance_id) == (1, "a", state.instance_id)
-        state.publish(topo("n1", "a"))  # same content: no event
+        state.publish(topo("n1", "a"))  # same content, then new before the watcher runs: the new one
         state.publish(topo("n1", "b"))
         second = await _next(stream)
         assert (second.WhichOneof("event"), second.generation, second.snapshot.fingerprint) == ("snapshot", 2, "b")
+
+    run(tmp_path, body)
+
+
+def test_a_rescan_that_finds_the_same_topology_is_an_unchanged_event(tmp_path: Path) -> None:
+    """SIGHUP with nothing changed: the watcher sees that the rescan happened, without a resend."""
+    async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(topo("n1", "a"))
+        stream = events(stub, apb.WatchTopologyRequest())
+        assert (await _next(stream)).WhichOneof("event") == "snapshot"
+        assert state.publish(topo("n1", "a")) is None  # the rescan: same fingerprint, no new generation
+        again = await _next(stream)
+        assert (again.WhichOneof("event"), again.generation, again.fingerprint) == ("unchanged", 1, "a")
+        assert not again.HasField("snapshot")
+        state.publish(topo("n1", "b"))
+        assert (await _next(stream)).WhichOneof("event") == "snapshot"
 
     run(tmp_path, body)
 

@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -398,13 +399,13 @@ def test_one_plan_at_a_time_in_a_process(m: FakeMachine) -> None:
         if action.id == "slow" and event == "before_action":
             order.append("slow-start")
             inside.set()
-            release.wait(5)
+            release.wait(60)
             order.append("slow-end")
 
     eng.hook = hook
     t = threading.Thread(target=lambda: eng.apply(plan("a", irq("slow", [1], number=24))))
     t.start()
-    assert inside.wait(5)
+    assert inside.wait(60)
     def second() -> None:
         order.append("b-start")
         eng.apply(plan("b", irq("fast", [2], number=40)))
@@ -412,11 +413,15 @@ def test_one_plan_at_a_time_in_a_process(m: FakeMachine) -> None:
 
     t2 = threading.Thread(target=second)
     t2.start()
+    for _ in range(3000):  # a busy machine may start the thread late; wait for it, not for a clock
+        if "b-start" in order:
+            break
+        time.sleep(0.02)
     t2.join(0.3)
     assert t2.is_alive()  # waiting for the lock
     release.set()
-    t.join(5)
-    t2.join(5)
+    t.join(60)
+    t2.join(60)
     assert order == ["slow-start", "b-start", "slow-end", "b-end"]
 
 

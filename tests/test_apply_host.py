@@ -311,12 +311,12 @@ def test_real_affinity_calls_on_a_thread_of_ours() -> None:
     def body() -> None:
         tids.append(threading.get_native_id())
         ready.set()
-        done.wait(5)
+        done.wait(60)
 
     t = threading.Thread(target=body)
     t.start()
     try:
-        assert ready.wait(5)
+        assert ready.wait(60)
         tid = tids[0]
         mine = os.sched_getaffinity(tid)
         one = {min(mine)}

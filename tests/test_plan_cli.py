@@ -92,7 +92,7 @@ def gh200_topology() -> pb.MemoryTopology:
 @pytest.fixture
 def no_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if the command tries to discover a host: the request is complete."""
-    def refuse(root: str | None, with_irqs: bool = False) -> plan_run.Facts:
+    def refuse(root: str | None, with_irqs: bool = False, pid: int | None = None) -> plan_run.Facts:
         raise AssertionError(f"discovery of {root or 'this host'} was not expected")
     monkeypatch.setattr(plan_run, "discover_facts", refuse)
 
@@ -102,7 +102,7 @@ def fake_discovery(monkeypatch: pytest.MonkeyPatch, topo: pb.MemoryTopology,
     """Discovery answers ``topo``; returns the list of roots it was asked for."""
     asked: list[str | None] = []
 
-    def fake(root: str | None, with_irqs: bool = False) -> plan_run.Facts:
+    def fake(root: str | None, with_irqs: bool = False, pid: int | None = None) -> plan_run.Facts:
         asked.append(root)
         return plan_run.Facts(topo, root or plan_run.LIVE, dict(npu_irqs or {}) if with_irqs else {})
     monkeypatch.setattr(plan_run, "discover_facts", fake)
@@ -597,7 +597,7 @@ def test_any_request_gets_a_decision_or_an_error(policy: str, request: Any, pid:
     topo.allowed_cpus.extend(range(8))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plan_run, "discover_facts",
-                   lambda root, with_irqs=False: plan_run.Facts(topo, root or plan_run.LIVE))
+                   lambda root, with_irqs=False, pid=None: plan_run.Facts(topo, root or plan_run.LIVE))
         extra = ["--pid", str(pid)] if pid is not None and policy == "cpu-binding" else []
         rc, doc = plan(policy, request, *extra)
     if "error" in doc:

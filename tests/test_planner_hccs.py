@@ -7,7 +7,6 @@ where a fixture exists (../shared/fixtures/ascend910).
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from memtopo.planner.errors import PlanError
 from memtopo.planner.examples_hccs_xpu import hccs_example_fleet
 from tests.fixtures import SHARED
 from tests.strategies import json_like
+from tests.work import lines_run
 
 ASCEND910 = SHARED / "fixtures" / "ascend910"
 
@@ -577,11 +577,8 @@ def test_example_fleet_is_deterministic_and_valid() -> None:
 
 
 def test_ranking_ten_thousand_nodes_is_not_quadratic() -> None:
-    # The 50 ms target is bench/planner.py's job; here only a bound loose enough for a busy CI box.
-    req = hccs.parse_request(hccs_example_fleet(10_000, 1, request=2))
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        hccs.rank(req)
-        best = min(best, time.perf_counter() - start)
-    assert best < 0.5
+    # The 50 ms target is bench/planner.py's job; here the work is counted (lines run), not timed, so
+    # a busy machine cannot fail it: ten times the nodes is about ten times the lines, not a hundred.
+    small = hccs.parse_request(hccs_example_fleet(1_000, 1, request=2))
+    large = hccs.parse_request(hccs_example_fleet(10_000, 1, request=2))
+    assert lines_run(lambda: hccs.rank(large)) < 15 * lines_run(lambda: hccs.rank(small))

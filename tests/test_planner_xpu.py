@@ -7,7 +7,6 @@ the fixture copied from the seed (../shared/fixtures/kunlunxin).
 from __future__ import annotations
 
 import json
-import time
 from functools import cache
 from typing import Any
 
@@ -20,6 +19,7 @@ from memtopo.planner.errors import PlanError
 from memtopo.planner.examples_hccs_xpu import xpu_example_fleet
 from tests.fixtures import SHARED
 from tests.strategies import json_like
+from tests.work import lines_run
 
 KUNLUNXIN = SHARED / "fixtures" / "kunlunxin"
 ALL = frozenset(range(8))
@@ -486,11 +486,8 @@ def test_example_fleet_is_deterministic_and_valid() -> None:
 
 
 def test_ranking_ten_thousand_nodes_is_not_quadratic() -> None:
-    # The 50 ms target is bench/planner.py's job; here only a bound loose enough for a busy CI box.
-    req = xpu.parse_request(xpu_example_fleet(10_000, 1, request=2))
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        xpu.rank(req)
-        best = min(best, time.perf_counter() - start)
-    assert best < 0.5
+    # The 50 ms target is bench/planner.py's job; here the work is counted (lines run), not timed, so
+    # a busy machine cannot fail it: ten times the nodes is about ten times the lines, not a hundred.
+    small = xpu.parse_request(xpu_example_fleet(1_000, 1, request=2))
+    large = xpu.parse_request(xpu_example_fleet(10_000, 1, request=2))
+    assert lines_run(lambda: xpu.rank(large)) < 15 * lines_run(lambda: xpu.rank(small))

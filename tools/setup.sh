@@ -20,3 +20,26 @@ if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$want" > "$stamp"
 fi
+# Put `memtopo` on PATH, as the README writes it: a link in /usr/local/bin (or $MEMTOPO_BIN_DIR) to this
+# checkout's .venv/bin/memtopo. The checkout set up last wins; a memtopo that is not such a link (a
+# system-wide install) is left alone. MEMTOPO_LINK=0 skips this.
+if [[ "${MEMTOPO_LINK:-1}" != 0 ]]; then
+  bin_dir=${MEMTOPO_BIN_DIR:-/usr/local/bin}
+  target="$PWD/.venv/bin/memtopo"
+  link="$bin_dir/memtopo"
+  current=$(readlink "$link" 2>/dev/null || true)
+  if [[ "$current" == "$target" ]]; then
+    :
+  elif [[ -e "$link" || -L "$link" ]] && [[ "$current" != */.venv/bin/memtopo ]]; then
+    echo "setup: $link is not a memtopo checkout's link; left alone (this checkout's: $target)" >&2
+  elif [[ -d "$bin_dir" && -w "$bin_dir" ]] && ln -sfn "$target" "$link"; then
+    :
+  else
+    echo "setup: cannot write $bin_dir; put memtopo on PATH with one of:" >&2
+    echo "  sudo ln -sfn $target $link" >&2
+    echo "  export PATH=\"$PWD/.venv/bin:\$PATH\"" >&2
+  fi
+  if [[ -L "$link" && ":$PATH:" != *":$bin_dir:"* ]]; then
+    echo "setup: $bin_dir is not on PATH; add it, or run $target" >&2
+  fi
+fi

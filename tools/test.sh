@@ -9,10 +9,5 @@ tools/gen_proto.sh --check
 .venv/bin/mypy memtopo tests bench
 # Each synthesized host's host.py on its own: they share a module name, so not in one mypy run.
 for host in tests/fixtures/*/host.py; do .venv/bin/mypy --no-error-summary "$host"; done
-lab=../shared/lab/numa-vm
-if [[ -x "$lab" && "${MEMTOPO_LAB:-1}" != 0 ]]; then
-  # The lab boots a real multi-NUMA kernel under QEMU; its setup installs qemu/ndctl from Debian.
-  "$lab" setup >/tmp/memtopo-lab-setup.log 2>&1 || { cat /tmp/memtopo-lab-setup.log; exit 1; }
-  export MEMTOPO_LAB=1
-fi
+. tools/lab_gate.sh
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -74,7 +74,8 @@ class NodeAgentServicer:
 
     def WatchTopology(self, request, context):
         """The first message is the full snapshot (or `unchanged` when the client's generation and
-        fingerprint are current), then one snapshot per new generation, with heartbeats between.
+        fingerprint are current), then one snapshot per new generation, with heartbeats between. A
+        rescan (SIGHUP, uevent, periodic) that finds the same topology sends `unchanged`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,8 @@ class NodeAgentStub:
     GetTopology: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetTopologyRequest, _topology_pb2.MemoryTopology]
     WatchTopology: _grpc.UnaryStreamMultiCallable[_agent_pb2.WatchTopologyRequest, _agent_pb2.TopologyEvent]
     """The first message is the full snapshot (or `unchanged` when the client's generation and
-    fingerprint are current), then one snapshot per new generation, with heartbeats between.
+    fingerprint are current), then one snapshot per new generation, with heartbeats between. A
+    rescan (SIGHUP, uevent, periodic) that finds the same topology sends `unchanged`.
     """
     ApplyPlan: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ApplyPlanRequest, _plan_pb2.PlanResult]
     """Local: Unix socket peers that are root or in the configured group. TCP: mTLS client only."""
@@ -55,7 +56,8 @@ class NodeAgentAsyncStub(NodeAgentStub):
     GetTopology: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetTopologyRequest, _topology_pb2.MemoryTopology]  # type: ignore[assignment]
     WatchTopology: _aio.UnaryStreamMultiCallable[_agent_pb2.WatchTopologyRequest, _agent_pb2.TopologyEvent]  # type: ignore[assignment]
     """The first message is the full snapshot (or `unchanged` when the client's generation and
-    fingerprint are current), then one snapshot per new generation, with heartbeats between.
+    fingerprint are current), then one snapshot per new generation, with heartbeats between. A
+    rescan (SIGHUP, uevent, periodic) that finds the same topology sends `unchanged`.
     """
     ApplyPlan: _aio.UnaryUnaryMultiCallable[_agent_pb2.ApplyPlanRequest, _plan_pb2.PlanResult]  # type: ignore[assignment]
     """Local: Unix socket peers that are root or in the configured group. TCP: mTLS client only."""
@@ -77,7 +79,8 @@ class NodeAgentServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.TopologyEvent], _abc.AsyncIterator[_agent_pb2.TopologyEvent]]:
         """The first message is the full snapshot (or `unchanged` when the client's generation and
-        fingerprint are current), then one snapshot per new generation, with heartbeats between.
+        fingerprint are current), then one snapshot per new generation, with heartbeats between. A
+        rescan (SIGHUP, uevent, periodic) that finds the same topology sends `unchanged`.
         """
 
     @_abc_1.abstractmethod

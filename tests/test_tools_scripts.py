@@ -1,0 +1,71 @@
+"""The scripts a newcomer runs first (tools/*.sh), run for real against stand-in paths."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from memtopo import __version__
+from tests.fixtures import REPO
+
+
+def lab_gate(env: dict[str, str]) -> str:
+    """Source tools/lab_gate.sh as tools/test.sh does and report what it exported."""
+    res = subprocess.run(["bash", "-c", '. tools/lab_gate.sh; echo "MEMTOPO_LAB=${MEMTOPO_LAB-unset}"'],
+                         cwd=REPO, env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return res.stdout.strip().splitlines()[-1]
+
+
+def test_the_lab_gate_follows_memtopo_shared(tmp_path: Path) -> None:
+    """A stand-in numa-vm under MEMTOPO_SHARED is the one set up, not ../shared's."""
+    fake = tmp_path / "lab" / "numa-vm"
+    fake.parent.mkdir(parents=True)
+    marker = tmp_path / "setup-ran"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = setup ] && echo yes > "{marker}"\n')
+    fake.chmod(0o755)
+    assert lab_gate({"MEMTOPO_SHARED": str(tmp_path)}) == "MEMTOPO_LAB=1"
+    assert marker.read_text() == "yes\n"
+    marker.unlink()
+    assert lab_gate({"MEMTOPO_SHARED": str(tmp_path), "MEMTOPO_LAB": "0"}) == "MEMTOPO_LAB=0"
+    assert not marker.exists()
+
+
+def test_no_lab_under_memtopo_shared_means_no_lab_tests(tmp_path: Path) -> None:
+    assert lab_gate({"MEMTOPO_SHARED": str(tmp_path)}) == "MEMTOPO_LAB=unset"
+
+
+def setup(bin_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "tools/setup.sh"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MEMTOPO_BIN_DIR": str(bin_dir), "MEMTOPO_LINK": "1"}, check=False)
+
+
+def test_setup_puts_memtopo_on_path_and_it_answers_version(tmp_path: Path) -> None:
+    """The README's `memtopo …` works after its setup command: setup links this checkout's entry point
+    into the bin directory (a stand-in for /usr/local/bin here, so the test leaves the host alone)."""
+    res = setup(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "memtopo").resolve() == (REPO / ".venv/bin/memtopo").resolve()
+    version = __version__  # the one place the version is written (pyproject.toml reads it)
+    ran = subprocess.run(["memtopo", "--version"], capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert (ran.returncode, ran.stdout) == (0, f"memtopo {version}\n"), ran.stderr
+
+
+def test_setup_relinks_another_checkout_but_leaves_a_foreign_memtopo_alone(tmp_path: Path) -> None:
+    link = tmp_path / "memtopo"
+    link.symlink_to("/gone/clone/.venv/bin/memtopo")  # an older checkout's link: the last setup wins
+    assert setup(tmp_path).returncode == 0
+    assert link.resolve() == (REPO / ".venv/bin/memtopo").resolve()
+    link.unlink()
+    link.write_text("#!/bin/sh\necho system-wide\n")  # not ours: never overwritten
+    res = setup(tmp_path)
+    assert res.returncode == 0 and link.read_text() == "#!/bin/sh\necho system-wide\n"
+    assert "left alone" in res.stderr
+
+
+def test_setup_says_how_when_it_cannot_write_the_bin_directory(tmp_path: Path) -> None:
+    res = setup(tmp_path / "missing")
+    assert res.returncode == 0
+    assert f'export PATH="{REPO}/.venv/bin:$PATH"' in res.stderr

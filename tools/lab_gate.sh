@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sourced by tools/test.sh: when the numa-vm lab is in the shared checkout (MEMTOPO_SHARED, default
+# ../shared) and MEMTOPO_LAB is not 0, set it up and export MEMTOPO_LAB=1 so the lab tests run.
+lab="${MEMTOPO_SHARED:-../shared}/lab/numa-vm"
+if [[ -x "$lab" && "${MEMTOPO_LAB:-1}" != 0 ]]; then
+  # The lab boots a real multi-NUMA kernel under QEMU; its setup installs qemu/ndctl from Debian.
+  "$lab" setup >/tmp/memtopo-lab-setup.log 2>&1 || { cat /tmp/memtopo-lab-setup.log; exit 1; }
+  export MEMTOPO_LAB=1
+fi
