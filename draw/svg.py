@@ -33,10 +33,14 @@ DOMAIN_W_COMPACT = 214
 CARD_W = 122
 CARD_H = 46
 CARD_GAP = 6
+CARD_W_SMALL = 118
+CARD_H_SMALL = 33
+SMALL_CARDS_FROM = 32  # accelerators on the node
 GRAPH_MAX_DOMAINS = 16  # above this the interconnect is a SLIT matrix, not a graph
 GRAPH_ALL_PAIRS = 12  # up to this many pairs every edge is drawn; above, the commonest distance is not
 GRAPH_MAX_EDGES = 40
 PERF_ROWS = 10
+LABEL_SPOTS = (0.5, 0.36, 0.64, 0.24, 0.76)  # where along an edge its label may sit
 
 TYPE_CLASS = {
     pb.MEMORY_DOMAIN_TYPE_DRAM: "dram", pb.MEMORY_DOMAIN_TYPE_HBM: "hbm",
@@ -263,6 +267,10 @@ class _Model:
     flat_packages: bool = False  # every package holds one domain and there are many: no package frames
 
     @property
+    def small_cards(self) -> bool:
+        return len(self.accels) >= SMALL_CARDS_FROM
+
+    @property
     def domain_w(self) -> int:
         return DOMAIN_W_COMPACT if self.compact else DOMAIN_W
 
@@ -300,35 +308,42 @@ class _Model:
 
 # --- boxes ---------------------------------------------------------------------------------------
 
-def _accel_card(a: pb.Accelerator) -> Block:
-    b = Block(CARD_W, CARD_H)
+def _accel_card(a: pb.Accelerator, small: bool) -> Block:
+    """An accelerator: id and health dot, model, memory. ``small`` (many accelerators) folds model and
+    memory into one line."""
+    w, h = (CARD_W_SMALL, CARD_H_SMALL) if small else (CARD_W, CARD_H)
+    b = Block(w, h)
     vendor_model = a.model if a.model.lower().startswith(a.vendor.lower()) else f"{a.vendor} {a.model}".strip()
     # The card has room for the model only; the vendor and the rest are in the tooltip.
-    model = a.model.removeprefix(a.vendor).strip() or a.model
-    memory = human_bytes(a.memory_bytes) if a.memory_bytes else "memory ?"
+    model = a.model.removeprefix(a.vendor).strip() or a.model or "model ?"
+    memory = human_bytes(a.memory_bytes).replace(".0 ", " ") if a.memory_bytes else "memory ?"
     health = _health_class(a.health)
     title = "  ".join(x for x in (a.id, vendor_model, a.uuid, a.bdf, memory, f"health {a.health or '?'}") if x)
-    b.parts.append(_rect(0.5, 0.5, CARD_W - 1, CARD_H - 1, "card", rx=4, title=title))
-    b.parts.append(f'<circle cx="{CARD_W - 10}" cy="10" r="5" class="{health}"/>')
-    b.parts.append(_text(6, 14, _fit(a.id, CARD_W - 24), "b"))
-    b.parts.append(_text(6, 27, _fit(model or "model ?", CARD_W - 10, 10), "s"))
-    third = f"{memory} · {a.health}" if health in ("hwarn", "hbad") else memory
-    b.parts.append(_text(6, 40, _fit(third, CARD_W - 10, 10), "s"))
+    b.parts.append(_rect(0.5, 0.5, w - 1, h - 1, "card", rx=4, title=title))
+    b.parts.append(f'<circle cx="{w - 10}" cy="10" r="5" class="{health}"/>')
+    b.parts.append(_text(6, 14, _fit(a.id, w - 24), "b"))
+    sick = f" · {a.health}" if health in ("hwarn", "hbad") else ""
+    if small:
+        b.parts.append(_text(6, 27, _fit(f"{model} · {memory}{sick}", w - 10, 10), "s"))
+    else:
+        b.parts.append(_text(6, 27, _fit(model, w - 10, 10), "s"))
+        b.parts.append(_text(6, 40, _fit(memory + sick, w - 10, 10), "s"))
     return b
 
 
-def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0) -> Block:
+def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False) -> Block:
     """A near-square grid of cards, at least as wide as ``min_w`` allows."""
-    fit = (min_w + CARD_GAP) // (CARD_W + CARD_GAP)
+    w = CARD_W_SMALL if small else CARD_W
+    fit = (min_w + CARD_GAP) // (w + CARD_GAP)
     per_row = max(1, min(len(accels), max(fit, math.ceil(math.sqrt(len(accels))))))
-    return _flow((_accel_card(a) for a in accels), per_row * (CARD_W + CARD_GAP) - CARD_GAP, CARD_GAP)
+    return _flow((_accel_card(a, small) for a in accels), per_row * (w + CARD_GAP) - CARD_GAP, CARD_GAP)
 
 
 def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, str, bool]]:
     """(text, class, bar below) for each line of a domain box."""
     nodes = f"node{'s' if len(d.numa_nodes) > 1 else ''} {format_cpulist(d.numa_nodes) or '-'}"
     lines: list[tuple[str, str, bool]] = []
-    if m.flat_packages:
+    if m.flat_packages and d.attached_cpus:
         packages = m.packages_of(d)
         lines.append((f"package{'s' if len(packages) > 1 else ''} {format_cpulist(packages) or '?'}", "s", False))
     if d.attached_cpus:
@@ -359,7 +374,7 @@ def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, 
 
 def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator], min_w: int) -> Block:
     """One memory domain; a Unified domain holds its accelerators (their memory is this memory)."""
-    gpu = _cards(inside, min_w - 4 * PAD) if inside else Block(0, 0)
+    gpu = _cards(inside, min_w - 4 * PAD, m.small_cards) if inside else Block(0, 0)
     width = max(min_w, gpu.w + 4 * PAD if inside else 0)
     lines = _domain_lines(m, d, width)
     kind = TYPE_WORD.get(d.type, "memory")
@@ -404,7 +419,7 @@ def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
     unified = d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED
     inside = [a for a in mine if unified and a.unified_memory]
     below = [a for a in mine if a not in inside]
-    cards = _cards(below, m.domain_w) if below else Block(0, 0)
+    cards = _cards(below, m.domain_w, m.small_cards) if below else Block(0, 0)
     box = _domain_box(m, d, inside, max(m.domain_w, cards.w))
     if not below:
         return box
@@ -498,6 +513,10 @@ def _perf_rows(m: _Model) -> list[str]:
     return rows
 
 
+def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
 def _near(m: _Model, d: pb.MemoryDomain) -> list[int]:
     """The domains whose CPUs are local to a CPU-less domain's memory (its initiators)."""
     local = set(d.local_cpus)
@@ -545,6 +564,7 @@ def _interconnect_graph(m: _Model) -> Block:
     values = sorted({min(i.distance_a_to_b, i.distance_b_to_a) for i in shown})
     b = Block(size, size)
     labels = []
+    taken = [(x - 27, y - 11, 54, 22) for x, y in pos.values()]
     for i in sorted(shown, key=lambda i: (-min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b)):
         (x1, y1), (x2, y2) = pos[i.domain_a], pos[i.domain_b]
         dist = min(i.distance_a_to_b, i.distance_b_to_a)
@@ -558,10 +578,12 @@ def _interconnect_graph(m: _Model) -> Block:
         label = " · ".join(x for x in (slit, _perf_text(i.a_to_b) or _perf_text(i.b_to_a)) if x)
         if not label:
             continue
-        # Labels sit a little off the middle so crossing edges through the centre do not stack.
-        t = 0.5 if n <= 3 else 0.38
-        lx, ly = round(x1 + (x2 - x1) * t), round(y1 + (y2 - y1) * t)
         lw = _text_w(label, 10) + 4
+        # The first spot along the edge that covers no other label and no domain; else the middle.
+        spots = [(round(x1 + (x2 - x1) * t), round(y1 + (y2 - y1) * t)) for t in LABEL_SPOTS]
+        lx, ly = next((p for p in spots if not any(_overlap((p[0] - lw // 2, p[1] - 7, lw, 13), r) for r in taken)),
+                      spots[0])
+        taken.append((lx - lw // 2, ly - 7, lw, 13))
         labels.append(_rect(lx - lw // 2, ly - 7, lw, 13, "w", rx=3))
         labels.append(_text(lx, ly + 4, label, "s", "middle"))
     b.parts.extend(labels)
@@ -748,26 +770,36 @@ def _sources(m: _Model) -> Block:
     return _section("Degraded sources", body)
 
 
-def _legend(m: _Model) -> Block:
+def _legend(m: _Model, width: int) -> Block:
+    """Only what the drawing uses."""
+    types = {TYPE_CLASS.get(d.type, "unk") for d in m.domains}
     items: list[tuple[str, str]] = []  # swatch markup, label
     for cls, word in (("dram", "DRAM"), ("hbm", "HBM"), ("uni", "Unified (CPU+GPU)"), ("gpum", "GPU memory"),
-                      ("cxl", "CXL"), ("nvm", "NVM"), ("unk", "other")):
-        items.append((_rect(0, 0, 16, 12, cls, rx=2), word))
-    items.append((_rect(0, 0, 16, 12, "unk nc", rx=2), "no CPUs (dashed)"))
-    items.append((_rect(0, 0, 16, 12, "gm", rx=2), "GPU memory in a Unified domain"))
-    for cls, word in (("hok", "healthy"), ("hwarn", "warning"), ("hbad", "unhealthy"), ("hunk", "health unknown")):
-        items.append((f'<circle cx="8" cy="6" r="5" class="{cls}"/>', word))
+                      ("cxl", "CXL"), ("nvm", "NVM"), ("unk", "other memory")):
+        if cls in types:
+            items.append((_rect(0, 0, 16, 12, cls, rx=2), word))
+    if any(not d.attached_cpus for d in m.domains):
+        items.append((_rect(0, 0, 16, 12, "unk nc", rx=2), "no CPUs (dashed)"))
+    if any(a.unified_memory and m.home.get(a.id, -1) >= 0 for a in m.accels):
+        items.append((_rect(0, 0, 16, 12, "gm", rx=2), "GPU memory in a Unified domain"))
+    if m.accels:
+        for cls, word in (("hok", "healthy"), ("hwarn", "warning"), ("hbad", "unhealthy"),
+                          ("hunk", "health unknown")):
+            items.append((f'<circle cx="8" cy="6" r="5" class="{cls}"/>', word))
     kinds = sorted({lk.kind for lk in m.topo.accelerator_links} | {g.link_kind for g in m.topo.accelerator_groups}
                    - {""}, key=lambda k: (k in PCI_CLASSES, PCI_CLASSES.index(k) if k in PCI_CLASSES else 0, k))
     for k in kinds:
-        items.append((_rect(0, 0, 16, 12, "sw", fill=_link_color(k, k)), f"{k} link"))
+        items.append((_rect(0, 0, 16, 12, "sw", fill=_link_color(k, k)),
+                      f"{k} (PCIe path)" if k in PCI_CLASSES else f"{k} link"))
+    if any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in m.topo.interconnects):
+        items.append((_line(0, 6, 16, 6, "ecxl", 2), "through CXL"))
     blocks = []
     for sw, word in items:
         b = Block(22 + _text_w(word, 10), 14)
         b.parts.append(sw)
         b.parts.append(_text(22, 10, word, "s"))
         blocks.append(b)
-    return _section("Legend", _flow(blocks, MAX_W - 2 * PAD, 16))
+    return _section("Legend", _flow(blocks, width - 2 * PAD, 16))
 
 
 def _header(m: _Model) -> Block:
@@ -795,10 +827,10 @@ def topology_svg(topo: pb.MemoryTopology) -> str:
                               "CXL, far and device memory: reached through another domain's CPUs"))
     homeless = [a for a in m.accels if a.id not in m.home]
     if homeless:
-        parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2)))
+        parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2, m.small_cards)))
     parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _sources(m)], MAX_W, 14))
-    parts.append(_legend(m))
     body = _stack(parts, 14)
+    body = _stack([body, _legend(m, max(body.w, 560))], 14)
     w, h = body.w + 2 * 16, body.h + 2 * 16
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>\n',
