@@ -143,7 +143,7 @@ def compact_cpus(cpus: Sequence[int], room: int = 30) -> str:
         return text
     step = ids[1] - ids[0] if len(ids) > 2 else 0
     if step > 1 and all(b - a == step for a, b in itertools.pairwise(ids)):
-        return f"{ids[0]},{ids[1]},…,{ids[-1]} (every {step})"
+        return f"{ids[0]},{ids[1]},…,{ids[-1]}"
     # Cut between whole elements ("0-3,8-11,…"), never inside a number or a range.
     cut = text.rfind(",", 0, room)
     return (text[:cut] if cut > 0 else text.split(",", 1)[0]) + ",…"
@@ -399,7 +399,7 @@ def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator],
         nodes = format_cpulist(sorted({n for a in inside for n in a.memory_numa_nodes}))
         plural = "s" if "," in nodes or "-" in nodes else ""
         label = "GPU memory" + (f" (node{plural} {nodes})" if nodes else "")
-        label += f" · C2C {', '.join(bws)}" if bws else ""
+        label += f" ⇄ CPU {', '.join(bws)}" if bws else ""
         frame = Block(width - 2 * PAD, gpu.h + 2 * PAD + 16)
         frame.parts.append(_rect(0.5, 0.5, frame.w - 1, frame.h - 1, "gm", rx=4))
         frame.parts.append(_text(PAD, 13, _fit(label, frame.w - 2 * PAD, 10), "s"))
@@ -524,29 +524,31 @@ def _near(m: _Model, d: pb.MemoryDomain) -> list[int]:
 
 
 def _ring_order(m: _Model) -> list[pb.MemoryDomain]:
-    """Domains with CPUs in id order, each followed by the CPU-less ones near it, so that the short
-    edges of the ring join neighbours."""
+    """Domains with CPUs package by package, each followed by the CPU-less ones near it, so that the
+    short edges of the ring join neighbours."""
     placed: set[int] = set()
     order: list[pb.MemoryDomain] = []
     cpuless = [d for d in m.domains if not d.attached_cpus]
-    for d in m.domains:
-        if d.attached_cpus:
-            order.append(d)
-            for c in cpuless:
-                if c.id not in placed and _near(m, c)[:1] == [d.id]:
-                    order.append(c)
-                    placed.add(c.id)
+    for d in (d for _, doms in _package_groups(m) for d in doms):
+        order.append(d)
+        for c in cpuless:
+            if c.id not in placed and _near(m, c)[:1] == [d.id]:
+                order.append(c)
+                placed.add(c.id)
     return order + [c for c in cpuless if c.id not in placed]
 
 
 def _interconnect_graph(m: _Model) -> Block:
     n = len(m.domains)
-    size = 160 if n <= 2 else 240 if n <= 4 else 330 if n <= 8 else 430
+    size = 240 if n <= 4 else 330 if n <= 8 else 430
     r = size // 2 - 34
     cx = cy = size // 2
+    if n == 2:
+        size, cy = 240, 20
     pos = {}
     for k, d in enumerate(_ring_order(m)):
-        ang = -math.pi / 2 + 2 * math.pi * k / n
+        # Two domains side by side; more on a ring from the top, clockwise.
+        ang = math.pi * (1 + k) if n == 2 else -math.pi / 2 + 2 * math.pi * k / n
         pos[d.id] = (cx + round(r * math.cos(ang)), cy + round(r * math.sin(ang)))
     pairs = _pairs(m)
     hidden: list[pb.MemoryInterconnect] = []
@@ -562,7 +564,7 @@ def _interconnect_graph(m: _Model) -> Block:
         hidden += shown[GRAPH_MAX_EDGES:]
         shown = shown[:GRAPH_MAX_EDGES]
     values = sorted({min(i.distance_a_to_b, i.distance_b_to_a) for i in shown})
-    b = Block(size, size)
+    b = Block(size, 2 * cy)
     labels = []
     taken = [(x - 27, y - 11, 54, 22) for x, y in pos.values()]
     for i in sorted(shown, key=lambda i: (-min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b)):
