@@ -40,6 +40,9 @@ GRAPH_MAX_DOMAINS = 16  # above this the interconnect is a SLIT matrix, not a gr
 GRAPH_ALL_PAIRS = 12  # up to this many pairs every edge is drawn; above, the commonest distance is not
 GRAPH_MAX_EDGES = 40
 PERF_ROWS = 10
+TEXT_ROWS = 40  # lines of a text panel (degraded sources)
+CXL_ROWS = 400  # every region of a real host, but not a hostile message's millions
+MATRIX_MAX = 128  # domains or accelerators: above, a matrix would be mostly area (and n² work)
 LABEL_SPOTS = (0.5, 0.36, 0.64, 0.24, 0.76)  # where along an edge its label may sit
 
 TYPE_CLASS = {
@@ -212,6 +215,19 @@ def _flow(blocks: Iterable[Block], max_w: int, gap: int = GAP) -> Block:
         out.w = max(out.w, x - gap)
     out.h = y + row_h
     return out
+
+
+def _text_block(rows: Sequence[tuple[str, str]], max_w: int = 560, max_rows: int = TEXT_ROWS) -> Block:
+    """Lines of text (text, class), each cut to ``max_w``; past ``max_rows`` the rest are counted."""
+    if len(rows) > max_rows:
+        rows = [*rows[:max_rows - 1], (f"… {len(rows) - max_rows + 1} more lines (--format json has them)", "s")]
+    b = Block(0, LINE * len(rows))
+    for k, (text, c) in enumerate(rows):
+        size = 10 if "s" in c.split() else FONT
+        text = _fit(text, max_w, size)
+        b.parts.append(_text(0, LINE * k + 11, text, c))
+        b.w = max(b.w, _text_w(text, size))
+    return b
 
 
 def _section(title: str, body: Block, note: str = "") -> Block:
@@ -499,8 +515,15 @@ def _slit_matrix(m: _Model) -> tuple[list[int], list[list[int]]]:
 
 
 def _pairs(m: _Model) -> list[pb.MemoryInterconnect]:
-    return sorted((i for i in m.topo.interconnects if i.domain_a != i.domain_b and
-                   i.domain_a in m.by_id and i.domain_b in m.by_id), key=lambda i: (i.domain_a, i.domain_b))
+    """One link per pair of known domains, in pair order (a repeated pair keeps its first in that order)."""
+    def key(i: pb.MemoryInterconnect) -> tuple[int, int, int, int, int, str, str]:
+        return (i.domain_a, i.domain_b, i.distance_a_to_b, i.distance_b_to_a, i.link_type, _perf_text(i.a_to_b),
+                _perf_text(i.b_to_a))
+    out: dict[tuple[int, int], pb.MemoryInterconnect] = {}
+    for i in sorted((i for i in m.topo.interconnects if i.domain_a != i.domain_b and
+                     i.domain_a in m.by_id and i.domain_b in m.by_id), key=key):
+        out.setdefault((i.domain_a, i.domain_b), i)
+    return list(out.values())
 
 
 def _perf_rows(m: _Model) -> list[str]:
@@ -552,13 +575,15 @@ def _interconnect_graph(m: _Model) -> Block:
         pos[d.id] = (cx + round(r * math.cos(ang)), cy + round(r * math.sin(ang)))
     pairs = _pairs(m)
     hidden: list[pb.MemoryInterconnect] = []
+    shown = pairs
     background = 0
     if len(pairs) > GRAPH_ALL_PAIRS:
         counts = Counter(i.distance_a_to_b for i in pairs)
         background = max(counts, key=lambda v: (counts[v], v))
-        hidden = [i for i in pairs if i.distance_a_to_b == i.distance_b_to_a == background
-                  and not _perf_text(i.a_to_b) and not _perf_text(i.b_to_a)]
-    shown = [i for i in pairs if i not in hidden]
+        hidden, shown = [], []
+        for i in pairs:
+            plain = i.distance_a_to_b == i.distance_b_to_a == background
+            (hidden if plain and not _perf_text(i.a_to_b) and not _perf_text(i.b_to_a) else shown).append(i)
     if len(shown) > GRAPH_MAX_EDGES:
         shown.sort(key=lambda i: (min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b))
         hidden += shown[GRAPH_MAX_EDGES:]
@@ -640,6 +665,11 @@ def _matrix_cells(n: int, cell: int, color_of: Callable[[int, int], str], words:
 
 
 def _interconnect_matrix(m: _Model) -> Block:
+    if len(m.domains) > MATRIX_MAX:
+        counts = Counter(i.distance_a_to_b for i in _pairs(m))
+        lines = [f"{len(m.domains)} domains: no matrix above {MATRIX_MAX} (--format json has every distance)",
+                 *(f"SLIT {v}: {counts[v]} pairs" for v in sorted(counts))]
+        return _text_block([(t, "s") for t in lines])
     ids, rows = _slit_matrix(m)
     n = len(ids)
     values = sorted({v for row in rows for v in row if v})
@@ -667,10 +697,7 @@ def _interconnect(m: _Model) -> Block:
     rows = _perf_rows(m)
     if rows:
         extra = [*rows[:PERF_ROWS], *([f"… {len(rows) - PERF_ROWS} more"] if len(rows) > PERF_ROWS else [])]
-        text = Block(max(_text_w(t, 10) for t in extra), LINE * len(extra))
-        for k, t in enumerate(extra):
-            text.parts.append(_text(0, LINE * k + 11, t, "s"))
-        body = _stack([body, text])
+        body = _stack([body, _text_block([(t, "s") for t in extra])])
     cxl = any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in pairs)
     note = "SLIT distance (10 = local)" + (", dashed: through CXL" if cxl else "")
     return _section("Interconnect between domains", body, note)
@@ -709,7 +736,10 @@ def _accel_links(m: _Model) -> Block:
         text.parts.append(_text(x, LINE * k + 11, t, c))
         text.w = max(text.w, x + _text_w(t, 10 if c == "s" else FONT))
     blocks = [text]
-    if len(accels) >= 2:
+    biggest = max((len(g.members) for g in m.topo.accelerator_groups), default=0)
+    if len(accels) > MATRIX_MAX or biggest > MATRIX_MAX:
+        blocks.append(_text_block([(f"{len(accels)} accelerators: no matrix above {MATRIX_MAX}", "s")]))
+    elif len(accels) >= 2:
         idx = {a.id: k for k, a in enumerate(accels)}
         n = len(accels)
         cell = max(5, min(26, 420 // n))
@@ -748,12 +778,7 @@ def _cxl(m: _Model) -> Block:
     for dv in sorted(t.cxl_devices, key=lambda d: natural_key(d.name)):
         rows.append((f"{dv.name}: ram {human_bytes(dv.ram_size_bytes)}, pmem {human_bytes(dv.pmem_size_bytes)},"
                      f" at {dv.host or '?'} under {dv.host_bridge or '?'} (node {dv.numa_node})", "s"))
-    body = Block(0, LINE * len(rows))
-    for k, (text, c) in enumerate(rows):
-        text = _fit(text, 520, 10 if c == "s" else FONT)
-        body.parts.append(_text(0, LINE * k + 11, text, c))
-        body.w = max(body.w, _text_w(text, 10 if c == "s" else FONT))
-    return _section("CXL", body)
+    return _section("CXL", _text_block(rows, max_rows=CXL_ROWS))
 
 
 def _sources(m: _Model) -> Block:
@@ -764,12 +789,7 @@ def _sources(m: _Model) -> Block:
     for s in bad:
         rows.append((s.source, "b"))
         rows += [(f"  {r}", "s") for r in list(s.reasons)[:3]]
-    body = Block(0, LINE * len(rows))
-    for k, (text, c) in enumerate(rows):
-        text = _fit(text, 520, 10 if c == "s" else FONT)
-        body.parts.append(_text(0, LINE * k + 11, text, c))
-        body.w = max(body.w, _text_w(text, 10 if c == "s" else FONT))
-    return _section("Degraded sources", body)
+    return _section("Degraded sources", _text_block(rows))
 
 
 def _legend(m: _Model, width: int) -> Block:

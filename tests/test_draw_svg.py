@@ -230,3 +230,43 @@ def test_compact_cpus_is_the_list_or_an_honest_shortening_of_it(ids: list[int], 
         # A prefix of the list, cut between elements, within the room unless one element is longer.
         assert list(kept) == want[:len(kept)] and len(kept) < len(want)
         assert len(text) <= room + 2 or "," not in text.removesuffix(",…")
+
+
+def big_topology(domains: int, accelerators: int) -> pb.MemoryTopology:
+    """A made-up node far past any real one (what a hostile or broken agent could send a controller)."""
+    t = pb.MemoryTopology(node_name="big")
+    for i in range(domains):
+        t.numa_nodes.add(id=i, cpus=[2 * i, 2 * i + 1], packages=[i], domain=i, has_cpu=True, has_memory=True)
+        t.domains.add(id=i, type=pb.MEMORY_DOMAIN_TYPE_DRAM, numa_nodes=[i], attached_cpus=[2 * i, 2 * i + 1],
+                      capacity_bytes=1 << 34, free_bytes=1 << 33, kernel_tier=-1, hwloc_tier=-1, cxl_region=-1)
+        for j in range(i + 1, domains):
+            t.interconnects.add(domain_a=i, domain_b=j, link_type=pb.MEMORY_LINK_TYPE_NUMA_LINK,
+                                distance_a_to_b=20 + (j - i) % 3, distance_b_to_a=20 + (j - i) % 3)
+    for k in range(accelerators):
+        t.accelerators.add(id=f"GPU{k}", index=k, vendor="V", model="M", numa_node=k % domains if domains else -1,
+                           domain=-1, memory_bytes=1 << 30)
+    t.accelerator_groups.add(kind="nvswitch-fabric", members=[f"GPU{k}" for k in range(accelerators)],
+                             link_kind="NV", link_count=18)
+    return t
+
+
+def test_a_node_past_the_matrix_limits_is_summarised_not_squared() -> None:
+    t = big_topology(300, 200)
+    svg = topology_svg(t)
+    assert len(svg.encode()) < 2 * 1024 * 1024
+    root = ET.fromstring(svg)
+    words = set(texts(root))
+    assert {f"domain {i}" for i in range(300)} <= words and {f"GPU{k}" for k in range(200)} <= words
+    assert "300 domains: no matrix above 128 (--format json has every distance)" in words
+    assert "200 accelerators: no matrix above 128" in words
+    assert "nvswitch-fabric: GPU0-199 (200, every pair NV18)" in words
+    # Pair counts from the 44,850 interconnects, not a drawn pair each.
+    assert sum(int(w.split(": ")[1].split()[0]) for w in words if w.startswith("SLIT ") and w.endswith(" pairs")) \
+        == 300 * 299 // 2
+
+
+def test_empty_and_affinity_less_topologies_still_draw() -> None:
+    assert ET.fromstring(topology_svg(pb.MemoryTopology())).tag == f"{SVG}svg"
+    t = big_topology(0, 3)
+    words = texts(ET.fromstring(topology_svg(t)))
+    assert "Accelerators without NUMA affinity" in words and {"GPU0", "GPU1", "GPU2"} <= set(words)
