@@ -381,6 +381,9 @@ def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, 
     if 0 <= d.cxl_region < len(m.topo.cxl_regions):
         r = m.topo.cxl_regions[d.cxl_region]
         lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way)", "s", False))
+    owners = [a.id for a in m.accels if set(a.memory_numa_nodes) & set(d.numa_nodes)]
+    if owners and d.type != pb.MEMORY_DOMAIN_TYPE_UNIFIED:
+        lines.append((f"memory of {compact_ids(owners)}", "s", False))
     if d.memory_side_caches:
         lines.append((f"memory-side cache {human_bytes(d.memory_side_caches[0].size_bytes)}", "s", False))
     if d.note:
@@ -394,10 +397,10 @@ def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator],
     width = max(min_w, gpu.w + 4 * PAD if inside else 0)
     lines = _domain_lines(m, d, width)
     kind = TYPE_WORD.get(d.type, "memory")
-    if d.subtype and d.subtype.lower() != kind.lower():
+    if d.subtype and d.subtype.lower().replace(" ", "") != kind.lower().replace(" ", ""):
         kind += f" · {d.subtype}"
     parts: list[str] = [_text(PAD, 20, f"domain {d.id}", "b"),
-                        _text(width - PAD, 20, _fit(kind, width - 2 * PAD - _text_w(f"domain {d.id}") - 6), "b",
+                        _text(width - PAD, 20, _fit(kind, width - 2 * PAD - _text_w(f"domain {d.id}") - 16), "b",
                               "end")]
     y = 20
     for text, cls, bar in lines:
@@ -742,7 +745,7 @@ def _accel_links(m: _Model) -> Block:
     elif len(accels) >= 2:
         idx = {a.id: k for k, a in enumerate(accels)}
         n = len(accels)
-        cell = max(5, min(26, 420 // n))
+        cell = max(5, min(30, 420 // n))
         cells: dict[tuple[int, int], pb.AcceleratorLink] = {}
         for a, b, lk in pair_links(m.topo):
             if a in idx and b in idx:
