@@ -76,7 +76,8 @@ OTHER_LINK = "#b0b0b0"
 NEAR_RGB = (27, 79, 150)
 FAR_RGB = (226, 234, 244)
 
-STYLE = "".join([
+ROOT_CLASS = "memtopo-drawing"
+_RULES = "".join([
     "text{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;font-size:11px;fill:#1d2530}",
     ".h{font-size:17px;font-weight:bold}.t{font-size:13px;font-weight:bold}.b{font-weight:bold}",
     ".s{font-size:10px;fill:#4a5563}.m{font-size:9px}.w{fill:#fff}",
@@ -89,6 +90,9 @@ STYLE = "".join([
     ".grid{fill:none;stroke:#c9d1da;stroke-width:.5}.sw{stroke:#6b7684;stroke-width:.5}",
     *(f".{k}{{fill:{f};stroke:{s}}}" for k, (f, s) in DOMAIN_COLORS.items()),
 ])
+# Every rule is scoped to the drawing's root: an SVG inlined into an HTML page shares the page's
+# stylesheet, and short class names like .card or .b must neither leak out nor be hit by the page's.
+STYLE = "".join(f".{ROOT_CLASS} {rule}" for rule in re.findall(r"[^{}]+\{[^}]*\}", _RULES))
 
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _NUM = re.compile(r"(\d+)")
@@ -786,6 +790,21 @@ def _cxl(m: _Model) -> Block:
     return _section("CXL", _text_block(rows, max_rows=CXL_ROWS))
 
 
+def _loose_nodes(m: _Model) -> Block:
+    """NUMA nodes in no domain (MIG placeholders, offline CXL windows), grouped by what they are."""
+    groups: dict[str, list[int]] = {}
+    for n in m.topo.numa_nodes:
+        if n.domain < 0 and n.id not in m.node_domain:
+            what = n.note or ("possible, offline" if n.state == pb.NUMA_NODE_STATE_POSSIBLE_OFFLINE
+                              else "no memory" if not n.memory_bytes else "in no domain")
+            groups.setdefault(what, []).append(n.id)
+    if not groups:
+        return Block(0, 0)
+    rows = [(f"node{'s' if len(ids) > 1 else ''} {format_cpulist(ids)}: {what}", "s")
+            for what, ids in sorted(groups.items(), key=lambda g: (min(g[1]), g[0]))]
+    return _section("NUMA nodes outside the domains", _text_block(rows))
+
+
 def _sources(m: _Model) -> Block:
     bad = [s for s in sorted(m.topo.sources, key=lambda s: s.source) if s.state == pb.SOURCE_STATE_DEGRADED]
     if not bad:
@@ -857,13 +876,14 @@ def topology_svg(topo: pb.MemoryTopology) -> str:
     homeless = [a for a in m.accels if a.id not in m.home]
     if homeless:
         parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2, m.small_cards)))
-    parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _sources(m)], MAX_W, 14))
+    parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _loose_nodes(m), _sources(m)], MAX_W, 14))
     body = _stack(parts, 14)
     body = _stack([body, _legend(m, max(body.w, 560))], 14)
     w, h = body.w + 2 * 16, body.h + 2 * 16
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>\n',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="{ROOT_CLASS}" width="{w}" height="{h}"'
+        f' viewBox="0 0 {w} {h}">',
         f"<title>{_esc('memory topology of ' + (topo.node_name or 'node ?'))}</title>",
         f"<style>{STYLE}</style>",
         _rect(0, 0, w, h, "w"),

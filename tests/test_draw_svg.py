@@ -64,7 +64,10 @@ def test_drawing_is_well_formed_and_names_every_domain_accelerator_and_cxl_regio
     t = fresh(path)
     svg = topology_svg(t)
     root = ET.fromstring(svg.encode())
-    assert root.tag == f"{SVG}svg"
+    assert root.tag == f"{SVG}svg" and root.get("class") == "memtopo-drawing"
+    # Styles are scoped to the drawing: inlined into a page they touch nothing else.
+    (style,) = root.iter(f"{SVG}style")
+    assert all(rule.startswith(".memtopo-drawing ") for rule in (style.text or "").split("}") if rule)
     assert int(root.get("width", "0")) > 0 and int(root.get("height", "0")) > 0
     words = texts(root)
     shown = set(words)
@@ -103,6 +106,8 @@ def test_unified_superchip_domain_holds_its_gpu_inside_one_box() -> None:
     words = texts(innermost)
     assert "GPU0" in words
     assert any(w.startswith("GPU memory (node 1) ⇄ CPU 450 GB/s") for w in words)
+    # The driver's empty MIG placeholder nodes are named, outside every domain.
+    assert "nodes 2-8: MIG placeholder of GPU0" in texts(root)
     assert innermost.find(f"{SVG}rect").get("class") == "uni"  # type: ignore[union-attr]
 
 
