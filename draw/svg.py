@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from xml.sax.saxutils import escape, quoteattr
+from xml.sax.saxutils import escape
 
 from agent.render import human_bytes, link_word
 from discovery.accelerators import pair_links
@@ -105,10 +105,6 @@ def _clean(s: str) -> str:
 
 def _esc(s: str) -> str:
     return escape(_clean(s))
-
-
-def _attr(s: str) -> str:
-    return quoteattr(_clean(s))
 
 
 def _fit(s: str, width: float, size: int = FONT) -> str:
@@ -262,7 +258,7 @@ def _bandwidth(mbps: int) -> str:
 
 def _health_class(health: str) -> str:
     h = health.strip().lower()
-    if not h:
+    if h in ("", "unknown", "n/a", "na", "-", "?"):
         return "hunk"
     if h in ("ok", "healthy", "normal", "good", "pass", "passed"):
         return "hok"
@@ -282,6 +278,8 @@ class _Model:
     node_packages: dict[int, list[int]]
     accels: list[pb.Accelerator]
     home: dict[str, int]  # accelerator id → the domain it is local to
+    local: dict[int, list[pb.Accelerator]]  # domain id → its local accelerators, in id order
+    memory_of: dict[int, list[str]]  # NUMA node → accelerators whose own memory it holds
     free_known: bool
     compact: bool = False  # many domains: smaller boxes
     flat_packages: bool = False  # every package holds one domain and there are many: no package frames
@@ -310,9 +308,16 @@ class _Model:
                 home[a.id] = a.domain
             elif a.numa_node >= 0 and node_domain.get(a.numa_node, -1) in by_id:
                 home[a.id] = node_domain[a.numa_node]
+        local: dict[int, list[pb.Accelerator]] = {}
+        memory_of: dict[int, list[str]] = {}
+        for a in accels:
+            if a.id in home:
+                local.setdefault(home[a.id], []).append(a)
+            for n in sorted(set(a.memory_numa_nodes)):
+                memory_of.setdefault(n, []).append(a.id)
         # Free memory is 0 everywhere in an hwloc XML export: unknown, not full.
         free_known = any(d.free_bytes for d in domains)
-        m = cls(topo, domains, by_id, node_domain, node_packages, accels, home, free_known)
+        m = cls(topo, domains, by_id, node_domain, node_packages, accels, home, local, memory_of, free_known)
         m.compact = len(domains) > GRAPH_MAX_DOMAINS
         groups = _package_groups(m)
         m.flat_packages = m.compact and all(len(doms) == 1 for _, doms in groups)
@@ -387,7 +392,7 @@ def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, 
         hosts = sorted({dv.numa_node for dv in m.topo.cxl_devices if dv.name in r.memdevs and dv.numa_node >= 0})
         via = f" via node {format_cpulist(hosts)}" if hosts else ""
         lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way){via}", "s", False))
-    owners = [a.id for a in m.accels if set(a.memory_numa_nodes) & set(d.numa_nodes)]
+    owners = sorted({a for n in d.numa_nodes for a in m.memory_of.get(n, [])}, key=natural_key)
     if owners and d.type != pb.MEMORY_DOMAIN_TYPE_UNIFIED:
         lines.append((f"memory of {compact_ids(owners)}", "s", False))
     if d.memory_side_caches:
@@ -440,10 +445,10 @@ def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator],
 
 def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
     """A domain box with the accelerators local to it underneath, as wide as their cards."""
-    mine = [a for a in m.accels if m.home.get(a.id) == d.id]
+    mine = m.local.get(d.id, [])
     unified = d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED
     inside = [a for a in mine if unified and a.unified_memory]
-    below = [a for a in mine if a not in inside]
+    below = [a for a in mine if not (unified and a.unified_memory)]
     cards = _cards(below, m.domain_w, m.small_cards) if below else Block(0, 0)
     box = _domain_box(m, d, inside, max(m.domain_w, cards.w))
     if not below:
@@ -512,8 +517,10 @@ def _ramp(i: int, n: int) -> str:
 
 def _slit_matrix(m: _Model) -> tuple[list[int], list[list[int]]]:
     ids = [d.id for d in m.domains]
-    if all(len(d.distances) == len(ids) for d in m.domains):
-        return ids, [list(d.distances) for d in m.domains]
+    # A domain's distances follow the message's domain order, which need not be id order.
+    sent = {d.id: k for k, d in enumerate(m.topo.domains)}
+    if len(sent) == len(ids) and all(len(d.distances) == len(ids) for d in m.domains):
+        return ids, [[d.distances[sent[i]] for i in ids] for d in m.domains]
     pos = {d: i for i, d in enumerate(ids)}
     rows = [[10 if i == j else 0 for j in range(len(ids))] for i in range(len(ids))]
     for ic in m.topo.interconnects:
