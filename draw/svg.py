@@ -715,8 +715,15 @@ def _interconnect(m: _Model) -> Block:
         extra = [*rows[:PERF_ROWS], *([f"… {len(rows) - PERF_ROWS} more"] if len(rows) > PERF_ROWS else [])]
         body = _stack([body, _text_block([(t, "s") for t in extra])])
     cxl = any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in pairs)
-    note = "SLIT distance (10 = local)" + (", dashed: through CXL" if cxl else "")
+    note = "dN = domain N; SLIT distance (10 = local)" + (", dashed: through CXL" if cxl else "")
     return _section("Interconnect between domains", body, note)
+
+
+def _link_rank(lk: pb.AcceleratorLink) -> tuple[int, int, str]:
+    """Which of a pair's links its matrix cell shows, whatever their order in the message: a fast link
+    before a PCIe path class, more links before fewer, the nearer PCIe class before the farther."""
+    pci = PCI_CLASSES.index(lk.kind) + 1 if lk.kind in PCI_CLASSES else 0
+    return (pci, -lk.count, lk.kind)
 
 
 def _link_color(word: str, kind: str) -> str:
@@ -728,7 +735,8 @@ def _accel_links(m: _Model) -> Block:
     if not accels or not (m.topo.accelerator_links or m.topo.accelerator_groups):
         return Block(0, 0)
     lines: list[tuple[str, str, str]] = []  # text, class, swatch colour
-    for g in sorted(m.topo.accelerator_groups, key=lambda g: (g.kind, sorted(g.members, key=natural_key))):
+    for g in sorted(m.topo.accelerator_groups, key=lambda g: (g.kind, sorted(g.members, key=natural_key),
+                                                               g.link_kind, g.link_count, g.bandwidth_mbps)):
         members = sorted(g.members, key=natural_key)
         every = ""
         if g.link_kind:
@@ -742,6 +750,8 @@ def _accel_links(m: _Model) -> Block:
     for word, kind in fast + pci:
         lines.append((f"{word}: {counts[(word, kind)]} pair{'s' if counts[(word, kind)] != 1 else ''}"
                       + ("  (PCIe path)" if kind in PCI_CLASSES else ""), "s", _link_color(word, kind)))
+    if len(lines) > TEXT_ROWS:
+        lines = [*lines[:TEXT_ROWS - 1], (f"… {len(lines) - TEXT_ROWS + 1} more lines", "s", "")]
     text = Block(0, LINE * len(lines))
     for k, (t, c, sw) in enumerate(lines):
         x = 0
@@ -764,8 +774,7 @@ def _accel_links(m: _Model) -> Block:
             if a in idx and b in idx:
                 for key in ((idx[a], idx[b]), (idx[b], idx[a])):
                     old = cells.get(key)
-                    # A fast link outranks the PCIe path class of the same pair.
-                    if old is None or (old.kind in PCI_CLASSES and lk.kind not in PCI_CLASSES):
+                    if old is None or _link_rank(lk) < _link_rank(old):
                         cells[key] = lk
         def words(i: int, j: int) -> str:
             lk = cells.get((i, j))

@@ -284,3 +284,18 @@ def test_empty_and_affinity_less_topologies_still_draw() -> None:
     t = big_topology(0, 3)
     words = texts(ET.fromstring(topology_svg(t)))
     assert "Accelerators without NUMA affinity" in words and {"GPU0", "GPU1", "GPU2"} <= set(words)
+
+
+def test_a_pair_with_several_links_shows_the_same_one_whatever_their_order() -> None:
+    t = big_topology(2, 2)
+    del t.accelerator_groups[:]
+    links = [pb.AcceleratorLink(a="GPU0", b="GPU1", kind=kind, count=count)
+             for kind, count in (("PIX", 0), ("NV", 2), ("NV", 4))]
+    drawings = set()
+    for order in (links, links[::-1], links[1:] + links[:1]):
+        del t.accelerator_links[:]
+        t.accelerator_links.extend(order)
+        drawings.add(topology_svg(t))
+    (svg,) = drawings
+    # The cell shows the strongest link: NV4 over NV2 over the PCIe path class.
+    assert "NV4" in texts(ET.fromstring(svg))
