@@ -812,6 +812,7 @@ def _loose_nodes(m: _Model) -> Block:
     for n in m.topo.numa_nodes:
         if n.domain < 0 and n.id not in m.node_domain:
             what = n.note or ("possible, offline" if n.state == pb.NUMA_NODE_STATE_POSSIBLE_OFFLINE
+                              else f"CPUs {compact_cpus(n.cpus)}, no memory" if n.cpus and not n.memory_bytes
                               else "no memory" if not n.memory_bytes else "in no domain")
             groups.setdefault(what, []).append(n.id)
     if not groups:
