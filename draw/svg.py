@@ -356,11 +356,17 @@ def _accel_card(a: pb.Accelerator, small: bool) -> Block:
     return b
 
 
-def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False) -> Block:
-    """A near-square grid of cards, at least as wide as ``min_w`` allows."""
+def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False, max_w: int = 0) -> Block:
+    """A near-square grid of cards, filling ``min_w`` and, given ``max_w``, no wider than that allows."""
     w = CARD_W_SMALL if small else CARD_W
-    fit = (min_w + CARD_GAP) // (w + CARD_GAP)
-    per_row = max(1, min(len(accels), max(fit, math.ceil(math.sqrt(len(accels))))))
+
+    def fit(width: int) -> int:
+        return (width + CARD_GAP) // (w + CARD_GAP)
+
+    per_row = max(fit(min_w), math.ceil(math.sqrt(len(accels))))
+    if max_w:
+        per_row = min(per_row, max(fit(max_w), fit(min_w)))
+    per_row = max(1, min(len(accels), per_row))
     return _flow((_accel_card(a, small) for a in accels), per_row * (w + CARD_GAP) - CARD_GAP, CARD_GAP)
 
 
@@ -443,13 +449,14 @@ def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator],
     return box
 
 
-def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
-    """A domain box with the accelerators local to it underneath, as wide as their cards."""
+def _domain_column(m: _Model, d: pb.MemoryDomain, max_w: int = 0) -> Block:
+    """A domain box with the accelerators local to it underneath, as wide as their cards (at most
+    ``max_w`` when the grid can be narrower)."""
     mine = m.local.get(d.id, [])
     unified = d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED
     inside = [a for a in mine if unified and a.unified_memory]
     below = [a for a in mine if not (unified and a.unified_memory)]
-    cards = _cards(below, m.domain_w, m.small_cards) if below else Block(0, 0)
+    cards = _cards(below, m.domain_w, m.small_cards, max_w) if below else Block(0, 0)
     box = _domain_box(m, d, inside, max(m.domain_w, cards.w))
     if not below:
         return box
@@ -462,7 +469,10 @@ def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
 
 
 def _package_block(m: _Model, packages: list[int], domains: list[pb.MemoryDomain]) -> Block:
-    cols = _flow((_domain_column(m, d) for d in domains), MAX_W - 4 * PAD)
+    # Narrower card grids (taller columns) where that keeps a package's domains on one row.
+    room = MAX_W - 4 * PAD
+    share = (room - GAP * (len(domains) - 1)) // max(1, len(domains))
+    cols = _flow((_domain_column(m, d, share) for d in domains), room)
     cpus = sorted({c for d in domains for c in d.attached_cpus})
     word = "package" if len(packages) == 1 else "packages"
     title = f"{word} {format_cpulist(packages)}" if packages else "package ?"
