@@ -374,11 +374,15 @@ def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, 
     """(text, class, bar below) for each line of a domain box."""
     nodes = f"node{'s' if len(d.numa_nodes) > 1 else ''} {format_cpulist(d.numa_nodes) or '-'}"
     lines: list[tuple[str, str, bool]] = []
+    cpus = f"CPUs {compact_cpus(d.attached_cpus)} ({len(d.attached_cpus)})"
     if m.flat_packages and d.attached_cpus:
+        # No package frame around the box: the package goes on the node line, the CPUs on their own.
         packages = m.packages_of(d)
-        lines.append((f"package{'s' if len(packages) > 1 else ''} {format_cpulist(packages) or '?'}", "s", False))
-    if d.attached_cpus:
-        lines.append((f"{nodes} · CPUs {compact_cpus(d.attached_cpus)} ({len(d.attached_cpus)})", "", False))
+        lines.append((f"{nodes} · package{'s' if len(packages) > 1 else ''} {format_cpulist(packages) or '?'}",
+                      "s", False))
+        lines.append((cpus, "", False))
+    elif d.attached_cpus:
+        lines.append((f"{nodes} · {cpus}", "", False))
     else:
         near = _near(m, d)
         where = f" (domain {format_cpulist(near)})" if near else ""
