@@ -95,7 +95,7 @@ _RULES = "".join([
 STYLE = "".join(f".{ROOT_CLASS} {rule}" for rule in re.findall(r"[^{}]+\{[^}]*\}", _RULES))
 
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-_NUM = re.compile(r"(\d+)")
+_NUM = re.compile(r"([0-9]+)")  # ASCII digits only: int() of a superscript "¹" fails
 
 
 def _clean(s: str) -> str:
@@ -119,7 +119,7 @@ def _text_w(s: str, size: int = FONT) -> int:
 
 def natural_key(s: str) -> tuple[tuple[int, str | int], ...]:
     """GPU2 before GPU10."""
-    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in _NUM.split(s) if p)
+    return tuple((1, int(p)) if _NUM.fullmatch(p) else (0, p) for p in _NUM.split(s) if p)
 
 
 def compact_ids(ids: Sequence[str]) -> str:
@@ -127,7 +127,7 @@ def compact_ids(ids: Sequence[str]) -> str:
     by_prefix: dict[str, list[int]] = {}
     loose: list[str] = []
     for i in ids:
-        m = re.fullmatch(r"(\D*)(\d+)", i)
+        m = re.fullmatch(r"([^0-9]*)([0-9]+)", i)
         if m:
             by_prefix.setdefault(m.group(1), []).append(int(m.group(2)))
         else:

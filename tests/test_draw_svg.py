@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.cli import main
@@ -299,3 +299,64 @@ def test_a_pair_with_several_links_shows_the_same_one_whatever_their_order() -> 
     (svg,) = drawings
     # The cell shows the strongest link: NV4 over NV2 over the PCIe path class.
     assert "NV4" in texts(ET.fromstring(svg))
+
+
+_ANY_TEXT = st.text(max_size=40)  # control characters, markup, surrogates' neighbours: whatever a peer sends
+_U64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> pb.MemoryTopology:
+    """Arbitrary, often inconsistent messages: the drawing must not trust any cross-reference."""
+    t = pb.MemoryTopology(node_name=draw(_ANY_TEXT))
+    ids = draw(st.lists(st.integers(0, 300), unique=True, max_size=20))
+    for i in ids:
+        t.domains.add(id=i, type=draw(st.integers(0, 6)), capacity_bytes=draw(_U64), free_bytes=draw(_U64),
+                      numa_nodes=draw(st.lists(st.integers(0, 300), max_size=3)),
+                      attached_cpus=draw(st.lists(st.integers(0, 1000), max_size=8)),
+                      local_cpus=draw(st.lists(st.integers(0, 1000), max_size=4)),
+                      kernel_tier=draw(st.integers(-1, 30)), hwloc_tier=draw(st.integers(-1, 3)),
+                      cxl_region=draw(st.integers(-1, 3)), subtype=draw(_ANY_TEXT), note=draw(_ANY_TEXT),
+                      distances=draw(st.lists(st.integers(0, 255), max_size=len(ids) + 1)))
+    sources = st.sampled_from(list(pb.PerformanceSource.values()))
+    for _ in range(draw(st.integers(0, 30))):
+        perf = pb.LinkPerformance(source=draw(sources), read_bandwidth_mbps=draw(_U64), read_latency_ns=draw(_U64))
+        t.interconnects.add(domain_a=draw(st.integers(0, 300)), domain_b=draw(st.integers(0, 300)),
+                            link_type=draw(st.integers(0, 3)), distance_a_to_b=draw(st.integers(0, 255)),
+                            distance_b_to_a=draw(st.integers(0, 255)), a_to_b=perf)
+    for n in draw(st.lists(st.integers(0, 300), unique=True, max_size=10)):
+        t.numa_nodes.add(id=n, domain=draw(st.integers(-1, 300)),
+                         packages=draw(st.lists(st.integers(0, 9), max_size=2)),
+                         cpus=draw(st.lists(st.integers(0, 1000), max_size=4)), note=draw(_ANY_TEXT),
+                         memory_bytes=draw(_U64), state=draw(st.integers(0, 2)))
+    accel_ids = draw(st.lists(st.text(min_size=1, max_size=10), unique=True, max_size=12))
+    for k, a in enumerate(accel_ids):
+        t.accelerators.add(id=a, index=k, model=draw(_ANY_TEXT), vendor=draw(_ANY_TEXT), health=draw(_ANY_TEXT),
+                           memory_bytes=draw(_U64), numa_node=draw(st.integers(-1, 300)),
+                           domain=draw(st.integers(-1, 300)), unified_memory=draw(st.booleans()),
+                           memory_numa_nodes=draw(st.lists(st.integers(0, 300), max_size=2)))
+    some_id = st.sampled_from(accel_ids) if accel_ids else st.just("GPU0")
+    for _ in range(draw(st.integers(0, 10))):
+        t.accelerator_links.add(a=draw(some_id), b=draw(some_id | _ANY_TEXT), kind=draw(_ANY_TEXT),
+                                count=draw(st.integers(0, 2**32 - 1)))
+    for _ in range(draw(st.integers(0, 3))):
+        t.accelerator_groups.add(kind=draw(_ANY_TEXT), members=draw(st.lists(some_id | _ANY_TEXT, max_size=6)),
+                                 link_kind=draw(st.sampled_from(["", "NV", "HCCS"]) | _ANY_TEXT))
+    for _ in range(draw(st.integers(0, 3))):
+        t.cxl_regions.add(name=draw(_ANY_TEXT), numa_node=draw(st.integers(-1, 300)), size_bytes=draw(_U64),
+                          memdevs=draw(st.lists(_ANY_TEXT, max_size=2)))
+    return t
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages())
+def test_any_message_draws_well_formed_and_complete(t: pb.MemoryTopology) -> None:
+    svg = topology_svg(t)
+    root = ET.fromstring(svg)
+    words = set(texts(root))
+    assert {f"domain {d.id}" for d in t.domains} <= words
+    cleaned = {a.id: "".join("\ufffd" if (ord(c) < 0x20 and c not in "\t\n\r") or 0xD800 <= ord(c) <= 0xDFFF
+                             or c in "\ufffe\uffff" else c for c in a.id) for a in t.accelerators}
+    # An id reads back as itself (XML-forbidden characters as U+FFFD); ET folds a lone \r like XML does.
+    assert all(c.replace("\r", "\n") in {w.replace("\r", "\n") for w in words} or c.strip() != c
+               for c in cleaned.values())
