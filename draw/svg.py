@@ -883,12 +883,13 @@ def _legend(m: _Model, width: int) -> Block:
 
 def _header(m: _Model) -> Block:
     t = m.topo
-    title = f"{t.node_name or 'node ?'}"
+    title = _fit(t.node_name or "node ?", MAX_W, 17)
     c = t.cpus
     summary = (f"{len(c.online)} CPUs online in {c.packages} package(s), {c.cores} core(s) · "
                f"{human_bytes(t.total_capacity_bytes)} in {len(m.domains)} memory domain(s), "
                f"{len(t.numa_nodes)} NUMA node(s) · {len(m.accels)} accelerator(s)")
-    sub = f"generation {t.generation} · fingerprint {t.fingerprint[:16] or '?'} · source {t.source_root or '?'}"
+    sub = _fit(f"generation {t.generation} · fingerprint {t.fingerprint[:16] or '?'} · source {t.source_root or '?'}",
+               MAX_W, 10)
     b = Block(max(_text_w(title, 17), _text_w(summary), _text_w(sub, 10)), 52)
     b.parts.append(_text(0, 16, title, "h"))
     b.parts.append(_text(0, 33, summary))

@@ -208,6 +208,10 @@ def test_hostile_names_are_text_not_markup() -> None:
     assert [e.tag for e in root.iter() if e.tag.endswith("script")] == []
     tooltips = [e.text or "" for e in root.iter(f"{SVG}title")]
     assert any(readable in tip for tip in tooltips)
+    # A name far longer than the page is cut in the drawing (the document title keeps it whole).
+    t.node_name = "n" * 100_000
+    root = ET.fromstring(topology_svg(t))
+    assert int(root.get("width", "0")) < 2000 and max(len(w) for w in texts(root)) < 400
 
 
 def test_cli_writes_the_svg(capsys: pytest.CaptureFixture[str]) -> None:
