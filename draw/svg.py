@@ -366,7 +366,7 @@ def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False
     per_row = max(fit(min_w), math.ceil(math.sqrt(len(accels))))
     if max_w:
         per_row = min(per_row, max(fit(max_w), fit(min_w)))
-    per_row = max(1, min(len(accels), per_row))
+    per_row = max(1, min(len(accels), per_row, fit(MAX_W - 6 * PAD)))
     return _flow((_accel_card(a, small) for a in accels), per_row * (w + CARD_GAP) - CARD_GAP, CARD_GAP)
 
 
@@ -479,7 +479,7 @@ def _package_block(m: _Model, packages: list[int], domains: list[pb.MemoryDomain
     cols = _flow((_domain_column(m, d, share) for d in domains), room)
     cpus = sorted({c for d in domains for c in d.attached_cpus})
     word = "package" if len(packages) == 1 else "packages"
-    title = f"{word} {format_cpulist(packages)}" if packages else "package ?"
+    title = _fit(f"{word} {format_cpulist(packages)}" if packages else "package ?", 400, 13)
     sub = f"CPUs {compact_cpus(cpus, 40)}"
     w = max(cols.w + 2 * PAD, _text_w(title, 13) + _text_w(sub, 10) + 3 * PAD)
     b = Block(w, cols.h + 2 * PAD + 22)
@@ -663,6 +663,7 @@ def _interconnect_graph(m: _Model) -> Block:
 def _matrix_cells(n: int, cell: int, color_of: Callable[[int, int], str], words: Callable[[int, int], str] | None,
                   labels: Sequence[str]) -> Block:
     """An n×n grid with row/column labels; runs of one colour in a row are one rect."""
+    labels = [_fit(lab, 90, 9) for lab in labels]
     margin = max(_text_w(lab, 9) for lab in labels) + 6 if labels else 0
     step = max(1, math.ceil(12 / cell))
     b = Block(margin + n * cell + 2, margin + n * cell + 2)
@@ -867,9 +868,14 @@ def _legend(m: _Model, width: int) -> Block:
             items.append((f'<circle cx="8" cy="6" r="5" class="{cls}"/>', word))
     kinds = sorted({lk.kind for lk in m.topo.accelerator_links} | {g.link_kind for g in m.topo.accelerator_groups}
                    - {""}, key=lambda k: (k in PCI_CLASSES, PCI_CLASSES.index(k) if k in PCI_CLASSES else 0, k))
-    for k in kinds:
-        items.append((_rect(0, 0, 16, 12, "sw", fill=_link_color(k, k)),
-                      f"{k} (PCIe path)" if k in PCI_CLASSES else f"{k} link"))
+    for k in (k for k in kinds if k in LINK_COLORS):
+        items.append((_rect(0, 0, 16, 12, "sw", fill=LINK_COLORS[k]), f"{k} (PCIe path)" if k in PCI_CLASSES
+                      else f"{k} link"))
+    others = [k for k in kinds if k not in LINK_COLORS]
+    if others:
+        # Words this drawing has no colour for share one grey: one legend entry, however many there are.
+        what = _fit(", ".join(others[:3]) + (f" … ({len(others)})" if len(others) > 3 else ""), 260, 10)
+        items.append((_rect(0, 0, 16, 12, "sw", fill=OTHER_LINK), f"other links: {what}"))
     if any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in m.topo.interconnects):
         items.append((_line(0, 6, 16, 6, "ecxl", 2), "through CXL"))
     blocks = []

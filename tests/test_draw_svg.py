@@ -281,6 +281,11 @@ def test_a_node_past_the_matrix_limits_is_summarised_not_squared() -> None:
     # Pair counts from the 44,850 interconnects, not a drawn pair each.
     assert sum(int(w.split(": ")[1].split()[0]) for w in words if w.startswith("SLIT ") and w.endswith(" pairs")) \
         == 300 * 299 // 2
+    # A thousand accelerators in one domain, or with no affinity, wrap into rows instead of widening the page.
+    for crowd in (big_topology(1, 1000), big_topology(0, 1000)):
+        root = ET.fromstring(topology_svg(crowd))
+        assert int(root.get("width", "0")) <= 1400 + 2 * 16
+        assert {f"GPU{k}" for k in range(1000)} <= set(texts(root))
 
 
 def test_empty_and_affinity_less_topologies_still_draw() -> None:
@@ -357,6 +362,8 @@ def messages(draw: st.DrawFn) -> pb.MemoryTopology:
 def test_any_message_draws_well_formed_and_complete(t: pb.MemoryTopology) -> None:
     svg = topology_svg(t)
     root = ET.fromstring(svg)
+    # However long the names, the page keeps its width (1,400 px of layout and its margins).
+    assert int(root.get("width", "0")) <= 1400 + 2 * 16
     words = set(texts(root))
     assert {f"domain {d.id}" for d in t.domains} <= words
     cleaned = {a.id: "".join("\ufffd" if (ord(c) < 0x20 and c not in "\t\n\r") or 0xD800 <= ord(c) <= 0xDFFF
