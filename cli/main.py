@@ -65,6 +65,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
         from memtopo.cli.output import message_json
 
         sys.stdout.write(message_json(topo, defaults=True) + "\n")
+    elif args.format == "svg":
+        from memtopo.draw.svg import topology_svg
+
+        sys.stdout.write(topology_svg(topo))
     else:
         from memtopo.cli.render import render
 
@@ -117,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = topo.add_mutually_exclusive_group()
     src.add_argument("--root", help="read a captured root: a directory or a .tar.* archive")
     src.add_argument("--hwloc-xml", help="read an hwloc XML export instead of a filesystem root")
-    topo.add_argument("--format", choices=("text", "json"), default="text")
+    topo.add_argument("--format", choices=("text", "json", "svg"), default="text",
+                      help="svg: a self-contained drawing of the node (open it in a browser)")
     topo.add_argument("--links", action="store_true",
                       help="print the accelerator link matrix (nvidia-smi topo -m vocabulary)")
     topo.add_argument("--sources", action="store_true",

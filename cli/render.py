@@ -9,7 +9,8 @@ from memtopo.cli.output import table
 from memtopo.cpulist import format_cpulist
 from memtopo.discovery.accelerators import id_order
 from memtopo.discovery.sysfs_numa import SOURCE as SYSFS_NUMA
-from memtopo.links import pair_links
+from memtopo.links import link_word, pair_links
+from memtopo.text import human_bytes
 from memtopo.v1 import topology_pb2 as pb
 
 # Above this many domains the pairwise link table is summarised: 64 nodes make 2016 pairs.
@@ -19,15 +20,6 @@ MAX_LINK_ROWS = 16
 MAX_WIDTH = 100
 # Pairs with measured performance listed one by one when the link table is summarised.
 MAX_MEASURED_ROWS = 16
-
-
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _ids(ids: Iterable[int]) -> str:
@@ -262,11 +254,6 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
         if extra:
             out.append(f"  {a.id}: {extra}")
     return out
-
-
-def link_word(link: pb.AcceleratorLink) -> str:
-    """How `nvidia-smi topo -m` spells a link: NV# with a count, otherwise the kind itself."""
-    return f"{link.kind}{link.count}" if link.kind == "NV" and link.count else link.kind
 
 
 def render_links(topo: pb.MemoryTopology) -> str:

@@ -23,3 +23,8 @@ def pair_links(topo: pb.MemoryTopology) -> Iterator[tuple[str, str, pb.Accelerat
                 yield a, b, link
     for lk in topo.accelerator_links:
         yield lk.a, lk.b, lk
+
+
+def link_word(link: pb.AcceleratorLink) -> str:
+    """How `nvidia-smi topo -m` spells a link: NV# with a count, otherwise the kind itself."""
+    return f"{link.kind}{link.count}" if link.kind == "NV" and link.count else link.kind

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from memtopo.cli.render import link_word, render_links
+from memtopo.cli.render import render_links
 from memtopo.discovery.accelerators import path_class
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
-from memtopo.links import pair_links
+from memtopo.links import link_word, pair_links
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_XML, hwloc_root, hwloc_test_env
 from tests.sysfs_tree import Link, write_tree

@@ -20,9 +20,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "discovery": frozenset(),
     "planner": frozenset(),
     "apply": frozenset(),
+    "draw": frozenset(),
     "agent": frozenset({"discovery", "apply"}),
-    "controller": frozenset({"planner"}),
-    "cli": frozenset({"discovery", "planner", "apply", "agent", "controller"}),
+    "controller": frozenset({"planner", "draw"}),
+    "cli": frozenset({"discovery", "planner", "apply", "draw", "agent", "controller"}),
 }
 
 
