@@ -72,7 +72,8 @@ def add_commands(subparsers: Any) -> None:
                     "3 internal error. Errors are {\"error\": {\"code\", \"message\"}} on stdout.")
     policies = plan.add_subparsers(dest="policy", required=True, metavar="POLICY", parser_class=_JsonErrorParser)
 
-    cb = policies.add_parser("cpu-binding", help="CPU pools and roles per running Ascend NPU (vLLM-Ascend's CPU binding)")
+    cb = policies.add_parser("cpu-binding",
+                             help="CPU pools and roles per running Ascend NPU (vLLM-Ascend's CPU binding)")
     _request_and_root(cb)
     _plan_options(cb, "binding this process by thread role")
     cb.add_argument("--npu", type=int, help="whose pool the process gets (default: the NPU that lists the pid "
