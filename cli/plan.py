@@ -86,7 +86,7 @@ def add_commands(subparsers: Any) -> None:
     pl.set_defaults(func=cmd_plan, run="run_place")
 
     for name, run, text, root in (
-        ("guest-pci", "run_guest_pci", "NUMA-aware guest PCIe topology for passthrough devices (KubeVirt VEP 115)", True),
+        ("guest-pci", "run_guest_pci", "NUMA-aware guest PCIe topology for passthrough (KubeVirt VEP 115)", True),
         ("hccs", "run_hccs", "rank Ascend 910 nodes for a job by HCCS ring", False),
         ("xpu", "run_xpu", "rank Kunlunxin P800 nodes for a task by MTF", False),
     ):
