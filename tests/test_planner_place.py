@@ -2,7 +2,8 @@
 
 No GH200, DGX or CXL host is at hand, so the topologies are written here in the schema's own
 terms (what discovery would publish for such machines); expected values are worked out from the
-rules of the vendor-neutral memory topology design and the formulas in docs/planner-guest-pci-place.md, not copied from output.
+rules of the vendor-neutral memory topology design and the formulas in
+docs/planner-guest-pci-place.md, not copied from output.
 """
 
 from __future__ import annotations
