@@ -1,6 +1,6 @@
 """The cpuset hierarchy the engine writes to: cgroup v1 ``cpuset`` controller or cgroup v2.
 
-Detected from the mount table under the host root (kernel_interfaces.md §6.1): a v1 mount with
+Detected from the mount table under the host root: a v1 mount with
 the cpuset controller wins (these machines are hybrid: v1 controllers plus a v2 mount that only
 has hugetlb); otherwise a cgroup2 mount whose root ``cgroup.controllers`` lists cpuset.
 Cgroup paths here are relative to the hierarchy root, without a leading slash ("" is the root).

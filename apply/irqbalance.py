@@ -1,4 +1,4 @@
-"""Living with irqbalance instead of fighting it silently (kernel_interfaces.md §5.5).
+"""Living with irqbalance instead of fighting it silently.
 
 A running irqbalance rewrites ``smp_affinity`` of every IRQ it balances each interval, so an IRQ
 pinned by a plan would drift back. The engine detects it and, per configuration:
@@ -10,7 +10,7 @@ pinned by a plan would drift back. The engine detects it and, per configuration:
   list with ``setup`` first, sends the union, and sends the previous list back on rollback.
   ``IRQBALANCE_BANNED_CPUS``/``_CPULIST`` is not used: it bans CPUs, not IRQs, and needs a restart;
 * ``stop``: ``systemctl stop`` of the unit irqbalance runs in (from its cgroup), started again on
-  rollback. The reference design stops it for good; here it is restored.
+  rollback. vLLM-Ascend's CPU binding stops it for good; here it is restored.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """IRQs as the engine finds them: ``/proc/interrupts``, ``/proc/irq/N``, a PCI function's
-``msi_irqs`` and the action names in ``/sys/kernel/irq/N/actions`` (kernel_interfaces.md §5)."""
+``msi_irqs`` and the action names in ``/sys/kernel/irq/N/actions``."""
 
 from __future__ import annotations
 

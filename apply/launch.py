@@ -2,8 +2,8 @@
 
 The policy is set on this process with set_mempolicy(2) and the CPUs with sched_setaffinity(2),
 both verified, then the command replaces this process through execvp (no shell): both survive
-exec and are inherited by the command's threads and children. Policies (seed 002, "Memory
-Mapping Policies"): ``local`` | ``interleave=NODES`` (or ``all``) | ``preferred=NODE`` | ``bind=NODES``.
+exec and are inherited by the command's threads and children. Policies, as the vendor-neutral
+memory topology design names them: ``local`` | ``interleave=NODES`` (or ``all``) | ``preferred=NODE`` | ``bind=NODES``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
-"""The placement policies at fleet and host scale, against the issue's targets.
+"""The placement policies at fleet and host scale, against the project's speed targets.
 
-Rows (issue 6, "Speed"):
+Rows:
 
-* xpu and hccs: ``rank`` of 10,000 nodes for one request (the issue's target, ≤ 50 ms each; µs per
-  node printed), and the same from the decoded JSON request (``parse_request`` + ``rank``: what
+* xpu and hccs: ``rank`` of 10,000 nodes for one request (target ≤ 50 ms each on this machine; µs
+  per node printed), and the same from the decoded JSON request (``parse_request`` + ``rank``: what
   ``memtopo plan`` and the controller do per request), held to the same 50 ms. ``to_json`` of the
   whole ranking is shown beside them, and the whole command in this process (read the file, decode,
   rank, encode the decision) for information.
-* cpu-binding: 640 CPUs × 16 NPUs (the design doc's A3 host, ``global_slice``) and the same host as
-  an A2-style ``topo_affinity`` request (two NPUs per node): ``parse_request`` + ``decide`` + one
-  BindingPlan per NPU. The issue sets no figure; the target here is the xpu/hccs one, 50 ms.
+* cpu-binding: 640 CPUs × 16 NPUs (the A3 host of vLLM-Ascend's CPU-binding design document,
+  ``global_slice``) and the same host as an A2-style ``topo_affinity`` request (two NPUs per
+  node): ``parse_request`` + ``decide`` + one BindingPlan per NPU. No figure of its own is set; the
+  target here is the xpu/hccs one, 50 ms.
 * MTF: the 256 occupancies by lookup, and a check that ranking never recomputes MTF.
 
 Each row is measured in this process over ``--repeat`` runs after warm-up: the median and minimum

@@ -72,22 +72,23 @@ def add_commands(subparsers: Any) -> None:
                     "3 internal error. Errors are {\"error\": {\"code\", \"message\"}} on stdout.")
     policies = plan.add_subparsers(dest="policy", required=True, metavar="POLICY", parser_class=_JsonErrorParser)
 
-    cb = policies.add_parser("cpu-binding", help="CPU pools and roles per running Ascend NPU (seed 000)")
+    cb = policies.add_parser("cpu-binding",
+                             help="CPU pools and roles per running Ascend NPU (vLLM-Ascend's CPU binding)")
     _request_and_root(cb)
     _plan_options(cb, "binding this process by thread role")
     cb.add_argument("--npu", type=int, help="whose pool the process gets (default: the NPU that lists the pid "
                                             "among its processes, or the only running NPU)")
     cb.set_defaults(func=cmd_plan, run="run_cpu_binding")
 
-    pl = policies.add_parser("place", help="CPUs, GPUs and memory for one allocation on the node (seed 002)")
+    pl = policies.add_parser("place", help="CPUs, GPUs and memory for one allocation on the node")
     _request_and_root(pl)
     _plan_options(pl, "binding this process to the CPUs and memory chosen")
     pl.set_defaults(func=cmd_plan, run="run_place")
 
     for name, run, text, root in (
-        ("guest-pci", "run_guest_pci", "NUMA-aware guest PCIe topology for passthrough devices (seed 004)", True),
-        ("hccs", "run_hccs", "rank Ascend 910 nodes for a job by HCCS ring (seed 001)", False),
-        ("xpu", "run_xpu", "rank Kunlunxin P800 nodes for a task by MTF (seed 003)", False),
+        ("guest-pci", "run_guest_pci", "NUMA-aware guest PCIe topology for passthrough (KubeVirt VEP 115)", True),
+        ("hccs", "run_hccs", "rank Ascend 910 nodes for a job by HCCS ring", False),
+        ("xpu", "run_xpu", "rank Kunlunxin P800 nodes for a task by MTF", False),
     ):
         p = policies.add_parser(name, help=text)
         _request_and_root(p, root=root)

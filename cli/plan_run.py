@@ -91,8 +91,9 @@ def discover_facts(root: str | None, with_irqs: bool = False, pid: int | None = 
 
 def npu_irqs(files: HostFiles, topo: pb.MemoryTopology) -> dict[int, cpu_binding.NpuIrqs]:
     """Each NPU's SQ and CQ IRQs: its PCI function's ``msi_irqs`` whose action is
-    ``sq_send_trigger_irq`` / ``cq_update_irq`` (notes cpu_binding §A.10, without its CQ = SQ + 1
-    guess). NPUs without such vectors are left out, so the plan falls back as the planner decides."""
+    ``sq_send_trigger_irq`` / ``cq_update_irq``, the names the Ascend driver gives them (vLLM-Ascend
+    instead takes the first matching SQ IRQ and guesses CQ = SQ + 1).
+    NPUs without such vectors are left out, so the plan falls back as the planner decides."""
     from memtopo.apply import irqs
 
     table: dict[int, irqs.IrqLine] | None = None

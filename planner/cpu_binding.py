@@ -1,11 +1,13 @@
-"""cpu-binding (seed 000, vLLM-Ascend): a CPU pool per running NPU, split by role, as a BindingPlan.
+"""cpu-binding (as vLLM-Ascend binds CPUs): a CPU pool per running NPU, split by role, as a BindingPlan.
 
-Semantics follow the reference allocator (notes ``cpu_binding.md`` §A.3–§A.6): ``global_slice`` cuts
+Semantics follow the reference allocator, ``vllm_ascend/cpu_binding.py`` of
+github.com/vllm-project/vllm-ascend (``CpuAlloc``, HEAD ``182b75ea``): ``global_slice`` cuts
 the sorted allowed CPUs by global logical NPU id; ``topo_affinity`` starts from each NPU's CPU
 affinity, extends a single-node pool to the next NUMA node, lets hidden NPUs whose affinity
 overlaps the cpuset take their share, and splits shared CPUs evenly. Each pool then splits into
-2 IRQ CPUs, main CPUs, one ACL CPU and one release CPU. Where the reference has a defect (§A.7)
-this module does the correct thing; ``docs/planner-cpu-binding.md`` lists every deviation.
+2 IRQ CPUs, main CPUs, one ACL CPU and one release CPU. Where the reference has a defect
+(overlapping pools, sparse node ids, IRQs on the wrapped-to node) this module does the correct
+thing; ``docs/planner-cpu-binding.md`` lists every deviation.
 
 Pools are kept in *role order* (the NPU's own affinity CPUs first, then extension CPUs), not in
 ascending order: the first two CPUs take the NPU's IRQs, so they should be the ones nearest it.
@@ -35,11 +37,11 @@ from memtopo.v1 import topology_pb2 as pb
 POLICY: Final = "cpu-binding"
 Mode = Literal["global_slice", "topo_affinity"]
 
-# 2 IRQ CPUs (SQ, CQ) + at least 1 main + ACL + release (seed 000, "Role Split").
+# 2 IRQ CPUs (SQ, CQ) + at least 1 main + ACL + release, the reference's minimum.
 MIN_CPUS_PER_NPU: Final = 5
 _MODE_OF_TYPE: Final[Mapping[str, Mode]] = {"A2": "topo_affinity", "A3": "global_slice", "310P": "topo_affinity"}
 
-# /proc/interrupts action names of an Ascend chip's submit and completion queues (notes §A.10).
+# /proc/interrupts action names of an Ascend chip's submit and completion queues (Ascend driver).
 SQ_IRQ_PATTERN: Final = "sq_send_trigger_irq"
 CQ_IRQ_PATTERN: Final = "cq_update_irq"
 
@@ -48,7 +50,7 @@ CQ_IRQ_PATTERN: Final = "cq_update_irq"
 def device_type_of(name: str) -> str | None:
     """A2 / A3 / 310P / A5 from a type name, a SoC version or an npu-smi chip name; None when unknown.
 
-    SoC names as the reference's build-time table (notes §A.3: ascend910b* → A2, ascend910_93xx and
+    SoC names as the reference's build-time table (ascend910b* → A2, ascend910_93xx and
     910c → A3, ascend310p* → 310P, ascend950* → A5); chip names as npu-smi prints them ("Ascend 910B3"
     on A2, "Ascend910" on A3, "310P3").
     """
@@ -78,7 +80,7 @@ class CpuBindingRequest:
 
     @property
     def total_npus(self) -> int:
-        """How many logical NPUs share the host's CPUs, in the reference's order of evidence (§A.4.3)."""
+        """How many logical NPUs share the host's CPUs, in the reference's order of evidence."""
         if self.total_logic_npus > 0:
             return self.total_logic_npus
         if self.topo_affinity:
@@ -192,7 +194,7 @@ def decide(req: CpuBindingRequest) -> CpuBindingDecision:
     if mode == "topo_affinity" and req.topo_affinity:
         pools = _topo_affinity_pools(req)
     else:
-        # No affinity facts at all: the reference falls back to global_slice (§A.5.1).
+        # No affinity facts at all: the reference falls back to global_slice.
         mode = "global_slice"
         pools = global_slice(req.allowed_cpus, req.running_npus, req.total_npus)
     for npu, cpus in pools.items():
@@ -206,7 +208,7 @@ def decide(req: CpuBindingRequest) -> CpuBindingDecision:
 
 
 def global_slice(allowed: Iterable[int], running: Sequence[int], total_npus: int) -> dict[int, tuple[int, ...]]:
-    """Logical id g gets the g-th of ``total_npus`` near-equal slices of the sorted allowed CPUs (§A.4).
+    """Logical id g gets the g-th of ``total_npus`` near-equal slices of the sorted allowed CPUs.
 
     The minimum is checked on the smallest slice over *all* logical NPUs, as the reference does: every
     worker of the host computes the same slicing, so one that fits while another does not is refused.
@@ -237,7 +239,7 @@ def global_slice(allowed: Iterable[int], running: Sequence[int], total_npus: int
 
 
 def split_evenly(cpus: Sequence[int], npus: Sequence[int]) -> dict[int, tuple[int, ...]]:
-    """Consecutive equal shares in ``npus`` order, the remainder to the last (§A.5.5)."""
+    """Consecutive equal shares in ``npus`` order, the remainder to the last."""
     if not npus:
         return {}
     per = len(cpus) // len(npus)
@@ -254,7 +256,8 @@ class _Numa:
         self.node_of = {cpu: node for node, cpus in self.cpus.items() for cpu in cpus}
         order = sorted(self.cpus)
         # By id, wrapping to the lowest: node ids may be sparse ({0, 2}), and the reference's
-        # "(n + 1) % count" then looks at a node that does not exist (§A.7.5).
+        # "(n + 1) % count" then looks at a node that does not exist (deviation 4 in
+        # docs/planner-cpu-binding.md).
         self.next = {node: order[(i + 1) % len(order)] for i, node in enumerate(order)}
 
     def nodes(self, cpus: Iterable[int]) -> set[int]:
@@ -264,7 +267,7 @@ class _Numa:
 def extend_to_next_node(
     base: Sequence[int], numa_cpus: Mapping[int, Sequence[int]], allowed: Iterable[int]
 ) -> tuple[int, ...]:
-    """``base`` followed by the allowed CPUs of the next node when ``base`` lies on one node (§A.5.4)."""
+    """``base`` followed by the allowed CPUs of the next node when ``base`` lies on one node."""
     return _extend(tuple(base), _Numa(numa_cpus), frozenset(allowed), npu=None)
 
 
@@ -280,7 +283,7 @@ def _extend(base: tuple[int, ...], numa: _Numa | None, allowed: frozenset[int], 
         return base
     node = nodes.pop()
     nxt = numa.next[node]
-    if nxt == node:  # a single node has no next one (notes §A.5.4)
+    if nxt == node:  # a single node has no next one (the reference re-adds the node's own CPUs)
         return base
     have = set(base)
     return base + tuple(sorted(c for c in numa.cpus[nxt] if c in allowed and c not in have))
@@ -294,7 +297,7 @@ def _topo_affinity_pools(req: CpuBindingRequest) -> dict[int, tuple[int, ...]]:
     known = sorted(set(affinity) | running)
     all_logic = [n for n in known if n < req.total_logic_npus] if req.total_logic_npus else known
     # Hidden NPUs whose affinity touches this cpuset take their share too, so that independent
-    # single-NPU workers sharing a cpuset compute the same split (§A.5.2, §A.7.1).
+    # single-NPU workers sharing a cpuset compute the same split, as the reference does.
     candidates = [n for n in all_logic if n in running or not allowed.isdisjoint(affinity.get(n, ()))]
     numa = _Numa(req.numa_cpus) if req.numa_cpus else None
 
@@ -323,7 +326,7 @@ def _overlapping_groups(npus: Sequence[int], pools: Mapping[int, Sequence[int]])
     """Connected components of "pools share a CPU", members ascending, components by first member.
 
     The reference only splits pools that are exactly equal; pools that merely overlap were used as
-    is and shared CPUs, even ACL/release ones (§A.7.4). Splitting every overlapping group keeps the
+    is and shared CPUs, even ACL/release ones. Splitting every overlapping group keeps the
     reference's result where pools are equal or disjoint and makes all pools disjoint.
     """
     groups: list[tuple[list[int], set[int]]] = []
@@ -345,7 +348,8 @@ def _share(
     if len(members) == 1:
         return {members[0]: tuple(pools[members[0]])}
     # The members' own affinity CPUs first (in member order), then the extension CPUs: the lowest id
-    # gets its own node even when the extension wrapped to a lower-numbered node (§A.7.3), and for
+    # gets its own node even when the extension wrapped to a lower-numbered node (the reference sorts,
+    # so there the IRQ CPUs land on node 0), and for
     # equal pools on ascending nodes this is the reference's sorted order.
     order: list[int] = []
     seen: set[int] = set()
@@ -409,7 +413,7 @@ def _npu_type(npu: pb.Accelerator) -> str | None:
 class ThreadRoles:
     """comm patterns (``re.fullmatch``) of the threads pinned apart; every other thread is "main".
 
-    The reference matches ``acl_thread`` / ``release_thread`` anywhere in a ``ps -Te`` line (§A.8).
+    The reference matches ``acl_thread`` / ``release_thread`` anywhere in a ``ps -Te`` line.
     """
 
     acl: str = r".*acl_thread.*"
@@ -443,7 +447,7 @@ def to_binding_plan(
 ) -> planpb.BindingPlan:
     """Bind process ``pid`` to the pool of ``npu`` (default: the decision's single running NPU).
 
-    Actions in the reference's order (§A.8–§A.10): main threads, ACL threads, release threads
+    Actions in the reference's order: main threads, ACL threads, release threads
     (required); page migration to the pool's NUMA node(s) (optional); the NPU's SQ/CQ IRQs to the
     two IRQ CPUs (optional). IRQs go by number when ``irqs`` is given; by name pattern only when the
     host has a single NPU, since the names are the same for every chip and a pattern would move
@@ -524,7 +528,7 @@ def to_binding_plan(
 
 
 def pool_nodes(pool: NpuPool, numa_cpus: Mapping[int, Sequence[int]]) -> tuple[int, ...]:
-    """The NUMA nodes the pool's CPUs are on (the reference used only pool[0]'s node, §A.7.2)."""
+    """The NUMA nodes the pool's CPUs are on (the reference used only pool[0]'s node)."""
     return tuple(sorted(_Numa(numa_cpus).nodes(pool.cpus)))
 
 
@@ -540,7 +544,8 @@ def _page_migration(pool: NpuPool, req: CpuBindingRequest, pid: int) -> planpb.P
 
 # ---- examples ------------------------------------------------------------------------------------
 def example_a3_request() -> dict[str, Any]:
-    """The design doc's A3 host (notes §C.4): 640 CPUs on 8 nodes of 80, 16 NPUs, all running."""
+    """The A3 host of vLLM-Ascend's CPU-binding design document: 640 CPUs on 8 nodes of 80, 16 NPUs,
+    all running."""
     return {
         "device_type": "A3",
         "allowed_cpus": "0-639",

@@ -1,7 +1,8 @@
-"""guest-pci: a NUMA-aware guest PCIe topology for passthrough devices (seed 004, KubeVirt VEP 115).
+"""guest-pci: a NUMA-aware guest PCIe topology for passthrough devices (KubeVirt VEP 115).
 
-The reference is what KubeVirt implements (notes ``kubevirt_pci_numa.md`` §3), not the VEP's own
-XML example, which puts endpoints on expander buses and is rejected by libvirt (notes §10.1):
+The reference is what KubeVirt implements (``pkg/virt-launcher/virtwrap/converter/pci-placement.go``
+and ``pkg/util/hardware/hw_utils.go`` in github.com/kubevirt/kubevirt), not the VEP's own XML
+example, which puts endpoints on expander buses, where libvirt accepts only root ports:
 
 * one ``pcie-expander-bus`` per *guest* NUMA cell that has devices, one ``pcie-root-port`` per
   device behind it (slot k for the k-th device of the cell), the device at slot 0 of its port;
@@ -33,7 +34,7 @@ POLICY = "guest-pci"
 # from here so that every pxb owns the bus numbers above it up to the previous pxb's.
 MAX_BUS_NR = 255
 # A pcie-expander-bus has slots 0–31 and each root port takes one. Upstream does not check this;
-# a 33rd device would give libvirt a domain it refuses (notes §6).
+# a 33rd device would get slot 0x20, and libvirt refuses that domain.
 PXB_SLOTS = 32
 
 EXPANDER_BUS = "pcie-expander-bus"
@@ -68,7 +69,7 @@ class Device:
 
 @dataclass(frozen=True)
 class GuestNuma:
-    """The VM's own NUMA description, from which host node → guest cell is derived (notes §3.3).
+    """The VM's own NUMA description, from which host node → guest cell is derived.
 
     ``cells``, ``vcpupins`` and ``memnodes`` keep the raw strings: upstream skips a malformed entry
     with a warning instead of refusing the VM, and strict mode turns those warnings into failures.
@@ -140,7 +141,7 @@ def _parse_guest_address(value: Any, field_name: str) -> Mapping[str, int] | Non
     if obj.get("type", "pci") != "pci":
         raise _bad(f"{field_name}.type", f"only type 'pci' is a PCI address, got {obj['type']!r}")
     coords = {k: _parse_number(obj[k], f"{field_name}.{k}") for k in _COORDINATES if obj.get(k) is not None}
-    # An address with only a type sets no coordinate: upstream treats it as unplaced (notes §3.2).
+    # An address with only a type sets no coordinate: upstream treats it as unplaced.
     return coords or None
 
 
@@ -268,7 +269,7 @@ def _id_order(key: str) -> tuple[bool, int, str]:
 
 
 def map_host_nodes(guest: GuestNuma, host_nodes: Iterable[int]) -> CellMapping:
-    """Host NUMA node → guest cell as upstream's lookup does it (notes §3.3): NUMATune memnodes
+    """Host NUMA node → guest cell as upstream's lookup does it: NUMATune memnodes
     first, then the cell of the first pinned pCPU of the host node. Malformed entries are skipped
     with a warning, never fatal here (strict mode decides)."""
     warnings: list[str] = []

@@ -1,4 +1,4 @@
-"""place: CPUs, GPUs and memory for one allocation on a node's memory topology (seed 002).
+"""place: CPUs, GPUs and memory for one allocation on a node's memory topology.
 
 On one node (``decide``):
 
@@ -14,8 +14,8 @@ On one node (``decide``):
 5. ``intra_node_fitness = β·gpu_link_fitness + (1−β)·memory_locality_fitness``.
 
 Over the fleet (``rank_nodes``): nodes that fail a constraint are rejected with the constraint's
-name; the rest are ranked by ``intra_node_fitness``. Where the seed leaves a formula open, the
-definition used is in ``docs/planner-guest-pci-place.md``.
+name; the rest are ranked by ``intra_node_fitness``. Where the vendor-neutral memory topology
+design leaves a formula open, the definition used is in ``docs/planner-guest-pci-place.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ MEMORY_POLICIES = ("local", "interleave", "preferred", "bind")
 CONSTRAINTS = ("memory_policy", "prefer_same_numa", "require_unified_memory", "prefer_local_memory", "allow_cxl_memory")
 
 _DT = pb.MemoryDomainType
-# Memory the seed calls "local DRAM": what an allocation may use without opting in to CXL.
+# Memory the memory topology design calls "local DRAM": what an allocation may use without opting in to CXL.
 _LOCAL_TYPES = frozenset(
     {
         _DT.MEMORY_DOMAIN_TYPE_DRAM,
@@ -50,8 +50,8 @@ _LOCAL_TYPES = frozenset(
 )
 _CXL = _DT.MEMORY_DOMAIN_TYPE_CXL_ATTACHED
 _UNIFIED = _DT.MEMORY_DOMAIN_TYPE_UNIFIED
-# GPU_MEMORY (a GPU's own memory as a CPU-less node) and NVM are never placement memory: the seed
-# knows only DRAM/HBM/Unified and CXL, and neither is general-purpose RAM for an allocation.
+# GPU_MEMORY (a GPU's own memory as a CPU-less node) and NVM are never placement memory: the memory
+# topology design knows only DRAM/HBM/Unified and CXL, and neither is general-purpose RAM for an allocation.
 
 # GPU pair quality by the nvidia-smi path words, best first: any direct link (NV#, HCCS, XGMI …)
 # beats every PCIe path class. Evenly spaced from 1 to 0 (see the docs).
@@ -70,7 +70,7 @@ class PlaceRequest:
     gpus: int = 0
     memory_gb: float = 0.0
     workload: str = "default"
-    memory_policy: str | None = None  # None: not explicit (seed: local, skipped on Unified)
+    memory_policy: str | None = None  # None: not explicit (default local, skipped on Unified)
     prefer_same_numa: bool = False
     require_unified_memory: bool = False
     prefer_local_memory: bool = False
@@ -646,7 +646,8 @@ def to_binding_plan(decision: PlaceDecision, topo: pb.MemoryTopology, pid: int, 
     outside, through the cpuset's mems):
 
     * ``bind``: MODE_BIND on the planned nodes with migrate_existing (required); on a Unified
-      domain only because the request named the policy (seed 002), so apply_on_unified follows it.
+      domain only because the request named the policy (a Unified domain skips NUMA policy unless the
+      user explicitly asks for one), so apply_on_unified follows it.
     * ``local`` / ``preferred``: the pages already placed move to the allocation's own nodes (the
       preferred node) once (optional); new pages follow the CPUs (local) or the kernel's default.
     * ``interleave``: nothing a running process can be given; the description says how to start it.

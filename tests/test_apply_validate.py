@@ -220,7 +220,7 @@ def test_every_rejection_is_reported_not_only_the_first(fake: FakeMachine) -> No
 
 
 def test_optional_action_with_a_host_condition_is_skipped_not_rejected(fake: FakeMachine) -> None:
-    # A missing IRQ on an optional action is a host condition (seed 000: IRQ binding is conditional);
+    # A missing IRQ on an optional action is a host condition (vLLM-Ascend binds IRQs only where found);
     # the same on a required one rejects the plan (above).
     result = fake.engine().apply(plan("p", irq("i", [0], number=999, required=False)), dry_run=True)
     assert result.state == P.STATE_DRY_RUN

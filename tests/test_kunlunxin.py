@@ -218,7 +218,7 @@ def test_normalize_bdf_rejects(raw: str) -> None:
 
 
 @pytest.mark.parametrize(("indices", "nodes", "want"), [
-    (range(8), {}, HALVES),  # seed 003's positional halves
+    (range(8), {}, HALVES),  # the P800 allocation design's positional halves, XPU 0-3 and 4-7
     (range(8), {i: node_of(i) for i in range(8)}, HALVES),
     (range(8), {i: 0 for i in range(8)}, (tuple(range(8)),)),  # one socket: nothing to split
     (range(8), {i: 3 - i % 2 for i in range(8)}, ((1, 3, 5, 7), (0, 2, 4, 6))),  # node order, not index

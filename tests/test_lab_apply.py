@@ -56,7 +56,7 @@ def scenario(report: Json, name: str) -> Json:
 
 # ---- oracles: read the raw /proc texts independently of the engine's parsers ------------------------
 def node_pages(numa_maps: str) -> dict[int, int]:
-    """Pages per node over every mapping: the N<node>=<pages> tokens (numa_maps, kernel_interfaces §7.6)."""
+    """Pages per node over every mapping: the N<node>=<pages> tokens of numa_maps (numa(7))."""
     out: dict[int, int] = {}
     for line in numa_maps.splitlines():
         for tok in line.split():
@@ -202,7 +202,7 @@ def test_cpuset_with_mems_1_applied_verified_and_rolled_back(report: Json, versi
     before_pages, during_pages = node_pages(s["before"]["numa_maps"]), node_pages(during["numa_maps"])
     assert before_pages.get(0, 0) >= CHILD_PAGES
     if version == 2:
-        # v2 migrates a task's pages when it joins a cgroup with other mems (kernel_interfaces §6.2).
+        # v2 migrates a task's pages when it joins a cgroup with other mems (admin-guide/cgroup-v2.rst, cpuset.mems).
         assert during_pages.get(0, 0) == 0, during_pages
     else:
         # v1 only with memory_migrate=1 (default 0): the pages stay, and the result says so.

@@ -97,7 +97,7 @@ def test_gh200(roots: dict[str, Path]) -> None:
     assert gpu.bdf == "0009:01:00.0"  # NVML says 00000009:01:00.0
     assert gpu.uuid.startswith("GPU-")
     assert gpu.memory_bytes == 97871 << 20
-    # Grace node 0 holds CPUs 0-71; node 1 holds the HBM; 2-8 are the MIG placeholders (§9.1).
+    # Grace node 0 holds CPUs 0-71; node 1 holds the HBM; 2-8 are the firmware's MIG placeholders.
     assert gpu.numa_node == 0
     assert gpu.local_cpus == tuple(range(72))
     assert gpu.memory_numa_nodes == (1,)
@@ -666,7 +666,8 @@ def test_nvlink_topology_direct_and_switched() -> None:
 
 
 def test_cdmm_tree_differs_only_where_the_notes_say() -> None:
-    """The CDMM tree differs from the NUMA-mode one only where §9.1 says it should."""
+    """The CDMM tree differs from the NUMA-mode one only where CDMM changes the host: the driver keeps
+    GPU memory to itself, so there is no numa_status and no memory on the HBM node."""
     numa_mode = fixture_files(FIXTURES / "gh200")
     cdmm = tree(grace.host("gh200", cdmm=True))
     only_numa = set(numa_mode) - set(cdmm)

@@ -1,10 +1,10 @@
-"""End to end on the synthesized Ascend A3 host (issue 6): discovery → ``memtopo plan cpu-binding
+"""End to end on the synthesized Ascend A3 host: discovery → ``memtopo plan cpu-binding
 --pid`` → ``memtopo apply --dry-run`` shows the diff the decision implies.
 
 The A3 host (``tests/fixtures/ascend-a3-16npu``: 640 CPUs on 8 nodes, 16 running NPUs) has no IRQ
 files, so a copy of it gets NPU 0's two MSI-X vectors in the kernel's formats
-(``sys/bus/pci/devices/<bdf>/msi_irqs/<n>`` and ``sys/kernel/irq/<n>/actions``, kernel_interfaces
-§5) named as the Ascend driver names them (notes cpu_binding §A.10). Two runs:
+(``sys/bus/pci/devices/<bdf>/msi_irqs/<n>`` and ``sys/kernel/irq/<n>/actions``) named as the Ascend
+driver names them (``sq_send_trigger_irq``, ``cq_update_irq``). Two runs:
 
 * a real child process with role-named threads, planned from that root and dry-run through
   ``memtopo apply`` on this host. Its CPUs 2-39 do not exist here, so apply is given the A3 topology
@@ -14,7 +14,7 @@ files, so a copy of it gets NPU 0's two MSI-X vectors in the kernel's formats
   and 1, and the two IRQs) through ``apply.engine.Engine`` with the A3 topology as its provider,
   where every action, the optional IRQ and migration ones included, would change something.
 
-Expected CPUs are the design doc's A3 table (notes cpu_binding §C.4): NPU 0 → pool 0-39, IRQ 0 and 1,
+Expected CPUs are the A3 table of vLLM-Ascend's CPU-binding design document: NPU 0 → pool 0-39, IRQ 0 and 1,
 main 2-37, ACL 38, release 39; the pool is node 0's, so pages move from nodes 1-7 to node 0.
 """
 
@@ -50,7 +50,7 @@ A3_TARBALL = Path(__file__).parent / "fixtures" / "ascend-a3-16npu" / "root.tar.
 NPU0_BDF = "0000:9d:00.0"  # Phy-ID 0 (README of the fixture), logical 0
 S = planpb.ActionResult
 
-# Notes cpu_binding §C.4, NPU 0.
+# vLLM-Ascend's design-document A3 table, NPU 0.
 POOL, IRQ_CPUS, MAIN, ACL, RELEASE = "0-39", "0-1", "2-37", 38, 39
 
 
@@ -231,7 +231,7 @@ def test_dry_run_on_the_fake_host_shows_every_action(monkeypatch: pytest.MonkeyP
     assert list(by_id["npu0-release"].after) == [f"pid 100 (worker) tid 102 release_thread: cpus {RELEASE}"]
     # Pages: the worker has N0=8213 N1=837; the 837 on node 1 move to the pool's node 0.
     assert list(by_id["npu0-migrate"].after) == ["pid 100 (worker): pages on node(s) 1-7 moved to 0 (837 to move)"]
-    # The SQ IRQ to the pool's first CPU, the CQ IRQ to its second (notes §A.10), from every CPU.
+    # The SQ IRQ to the pool's first CPU, the CQ IRQ to its second (as vLLM-Ascend pins them), from every CPU.
     sq, cq = by_id[f"npu0-irq-sq-{SQ_IRQ}"], by_id[f"npu0-irq-cq-{CQ_IRQ}"]
     assert (list(sq.before), list(sq.after)) == ([f"IRQ {SQ_IRQ}: affinity 0-7"], [f"IRQ {SQ_IRQ}: affinity 0"])
     assert (list(cq.before), list(cq.after)) == ([f"IRQ {CQ_IRQ}: affinity 0-7"], [f"IRQ {CQ_IRQ}: affinity 1"])

@@ -1,4 +1,10 @@
-"""cpu-binding policy: the vectors of notes/cpu_binding.md §C, the documented deviations, properties.
+"""cpu-binding policy: the upstream vectors, the documented deviations, properties.
+
+The upstream vectors are the cases of vLLM-Ascend's own unit tests
+(``tests/ut/device_allocator/test_cpu_binding.py`` at ``182b75ea``) and the worked examples of its
+CPU-binding design document and RFC #6966, restated as requests. Test names carry this project's
+label for the case they restate (p = parser, u = allocator, s = binding side effect, c4 = design
+example, a7 = a quirk of the reference, kept or corrected); each test says what it checks.
 
 Real Ascend hardware is absent: end-to-end cases use the recorded/synthesized tool outputs under
 ../shared/fixtures/ascend (lscpu layouts read from the files; NPU affinities and running sets as that
@@ -114,7 +120,7 @@ def test_fixture_numa_layouts() -> None:
     assert NUMA_0_2 == {"0": "0-3", "2": "4-7"}
 
 
-# ---- §C.1: parser vectors that concern the allocator's input --------------------------------------
+# ---- parser vectors that concern the allocator's input ------------------------------------------------
 def test_p19_cpulist_with_spaces() -> None:
     assert parse_request(a3("0-2, 4, 6-8", [0])).allowed_cpus == (0, 1, 2, 4, 6, 7, 8)
 
@@ -144,7 +150,7 @@ def test_p23_p24_lscpu_becomes_numa_cpus(name: str, expected: dict[int, tuple[in
 
 def test_p16_p18_topo_affinity_field() -> None:
     assert parse_request(a2("0-9", [0], {"0": "0-3"})).topo_affinity == {0: (0, 1, 2, 3)}
-    # P18 (no affinity column) = an empty map: topo_affinity falls back to global_slice.
+    # A topo table without an affinity column is an empty map: topo_affinity falls back to global_slice.
     assert run(a2("0-9", [0], {}, total_logic_npus=1)).mode == "global_slice"
 
 
@@ -169,7 +175,7 @@ BAD_REQUESTS: list[tuple[Any, str]] = [
     (a3("0-9", [0], -1), "total_logic_npus"),
     (a3("0-9", [0]) | {"total_logic_npus": "16"}, "total_logic_npus"),
     (a3("0-9", [0]) | {"total_logic_npus": True}, "total_logic_npus"),
-    (a3("0-9", [2], 2), "running_npus"),  # U17: NPU 2 of 2 logical NPUs
+    (a3("0-9", [2], 2), "running_npus"),  # NPU 2 of 2 logical NPUs
     (a2("0-9", [0], None, topo_affinity=["0-3"]), "topo_affinity"),
     (a2("0-9", [0], {"x": "0-3"}), "topo_affinity"),
     (a2("0-9", [0], {"-1": "0-3"}), "topo_affinity"),
@@ -217,7 +223,7 @@ def test_garbage_gives_plan_error_or_a_decision(obj: Any) -> None:
         assert decision.npus
 
 
-# ---- §A.3 device type and mode ---------------------------------------------------------------------
+# ---- device type and mode (the reference's SoC and mode tables) ---------------------------------------
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
@@ -268,11 +274,11 @@ def test_u4_no_affinity_falls_back_to_global_slice() -> None:
     assert decision.mode == "global_slice" and decision.to_json()["npus"]["1"]["cpus"] == "10-19"
 
 
-# ---- §C.2 allocator vectors -------------------------------------------------------------------------
+# ---- allocator vectors --------------------------------------------------------------------------------
 def test_u1_u2_split_evenly_remainder_to_last() -> None:
     assert split_evenly([10, 11, 12, 13], [0, 1]) == {0: (10, 11), 1: (12, 13)}
     assert split_evenly(list(range(14)), [0, 1, 2]) == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7), 2: tuple(range(8, 14))}
-    # §A.7.6: fewer CPUs than members leaves all but the last empty.
+    # As upstream: fewer CPUs than members leaves all but the last empty.
     assert split_evenly([0, 1], [0, 1, 2]) == {0: (), 1: (), 2: (0, 1)}
 
 
@@ -327,7 +333,7 @@ def test_a7_7_global_minimum_counts_every_logical_npu() -> None:
 def test_u17_invalid_npu_id() -> None:
     with pytest.raises(PlanError, match=r"running_npus: NPU 2 is not among the 2 logical NPUs"):
         parse_request(a2("0-11", [2], None, total_logic_npus=2))
-    # Without total_logic_npus the running count is the total (§A.4.3).
+    # Without total_logic_npus the running count is the total.
     e = error(a3("0-11", [2], 0))
     assert e.code == "invalid_request" and e.message == "Invalid NPU id 2, total_npus=1."
 
@@ -388,7 +394,7 @@ def test_u26_allowed_cpus_from_status_fixture() -> None:
     assert pools(a2(allowed, [2], INTERLEAVED, total_logic_npus=8, numa_cpus=NUMA_192)) == {"2": "168-191"}
 
 
-# ---- §C.4 documentation examples --------------------------------------------------------------------
+# ---- the design document's and RFC #6966's examples ---------------------------------------------------
 def test_c4_a3_640_cpus_16_npus() -> None:
     decision = run(example_a3_request())
     assert decision.mode == "global_slice" and [p.npu for p in decision.npus] == list(range(16))
@@ -448,12 +454,12 @@ def test_c4_rfc_example_2() -> None:
     ],
 )
 def test_a2_whole_host_all_running(affinity: dict[str, str], expected: dict[str, str]) -> None:
-    # Each pair sharing a node gets that node and the next one, split in id order (§A.5).
+    # Each pair sharing a node gets that node and the next one, split in id order.
     obj = a2("0-191", [int(k) for k in affinity], affinity, total_logic_npus=len(affinity), numa_cpus=NUMA_192)
     assert pools(obj) == expected
 
 
-# ---- §A.7 deviations (docs/planner-cpu-binding.md) ----------------------------------------------------
+# ---- deviations from the reference (docs/planner-cpu-binding.md) --------------------------------------
 def test_a7_3_wrap_around_keeps_irq_on_the_npus_node() -> None:
     obj = a2("0-191", [0], {"0": "168-191"}, total_logic_npus=1, numa_cpus=NUMA_192)
     assert run(obj).to_json()["npus"]["0"] == {
@@ -590,7 +596,7 @@ def test_fill_from_topology_without_npus_or_object() -> None:
         fill_from_topology(["x"], topo)
 
 
-# ---- to_binding_plan (§C.3 side-effect vectors as plan actions) -----------------------------------------
+# ---- to_binding_plan (the upstream binding side-effect vectors as plan actions) -----------------------
 def plan_of(obj: dict[str, Any], pid: int = 1000, **kw: Any) -> planpb.BindingPlan:
     req = parse_request(obj)
     return to_binding_plan(decide(req), req, pid, plan_id="plan-1", **kw)
@@ -601,7 +607,7 @@ def kinds(plan: planpb.BindingPlan) -> list[tuple[str, bool]]:
 
 
 def test_s2_s4_threads_by_role_then_migration() -> None:
-    # S4: main [2] for every other thread, acl [3], release [4]; migration once, for the main pid.
+    # Upstream: main [2] for every other thread, acl [3], release [4]; migration once, for the main pid.
     numa = {"0": "0-4", "1": "5-9"}
     plan = plan_of(a3("0-4", [0], 1, numa_cpus=numa), irqs=NpuIrqs(sq=(123,), cq=(124,)))
     assert kinds(plan) == [
@@ -649,7 +655,7 @@ def test_custom_thread_roles() -> None:
 
 
 def test_s7_migration_to_the_pools_node() -> None:
-    # S7: pool on node 1 of {0, 1} → `migratepages 1000 0,1 1` ≙ from [0] to [1].
+    # Upstream: pool on node 1 of {0, 1} → `migratepages 1000 0,1 1` ≙ from [0] to [1].
     plan = plan_of(a3("8-12", [0], 1, numa_cpus={"0": "0-7", "1": "8-15"}))
     m = next(a for a in plan.actions if a.HasField("page_migration"))
     assert (list(m.page_migration.from_nodes), list(m.page_migration.to_nodes), m.required) == ([0], [1], False)
@@ -666,7 +672,7 @@ def test_a7_2_migration_follows_the_whole_pool() -> None:
 
 
 def test_s6_no_node_for_the_pool_no_migration() -> None:
-    # S6: the pool's CPUs are on no known node → nothing to migrate (the plan says why).
+    # Upstream: the pool's CPUs are on no known node → nothing to migrate (the plan says why).
     plan = plan_of(a3("8-12", [0], 1, numa_cpus={"0": "0-3", "1": "4-7"}))
     assert not any(a.HasField("page_migration") for a in plan.actions) and "no page migration" in plan.description
     # No NUMA facts, or a single node: nothing to move either.
@@ -675,7 +681,7 @@ def test_s6_no_node_for_the_pool_no_migration() -> None:
 
 
 def test_s15_s18_irq_numbers_to_the_irq_cpus() -> None:
-    # S15: msi 123/124, pool starting 8, 9 → 123 → CPU 8 (mask 00000100), 124 → CPU 9 (00000200).
+    # Upstream: msi 123/124, pool starting 8, 9 → 123 → CPU 8 (mask 00000100), 124 → CPU 9 (00000200).
     plan = plan_of(a3("8-12", [0], 1), irqs=NpuIrqs(sq=(123,), cq=(124,)))
     irqs = [
         (a.irq_affinity.irq, list(a.irq_affinity.cpus), a.required) for a in plan.actions if a.HasField("irq_affinity")
@@ -824,7 +830,7 @@ def test_decision_is_deterministic_and_order_free(obj: dict[str, Any]) -> None:
 
 @given(topo_requests(), st.data())
 def test_independent_workers_sharing_a_cpuset_never_overlap(obj: dict[str, Any], data: st.DataObject) -> None:
-    # Two single-NPU workers with the same cpuset and topology (U11/U26 generalised).
+    # Two single-NPU workers with the same cpuset and topology (upstream's two-process cases, generalised).
     ids = sorted(int(k) for k in obj["topo_affinity"])
     if len(ids) < 2:
         return

@@ -1,5 +1,11 @@
-"""guest-pci: the upstream KubeVirt vectors (notes kubevirt_pci_numa.md §8), the VEP example as
-upstream would build it (§10), our additions, invalid requests and properties.
+"""guest-pci: the upstream KubeVirt vectors, the VEP example as upstream would build it, our
+additions, invalid requests and properties.
+
+The upstream vectors are the cases of kubevirt's ``pci-placement_test.go`` and ``converter_test.go``
+(``pkg/virt-launcher/virtwrap/converter/``) and ``hw_utils_test.go`` (``pkg/util/hardware/``),
+restated as requests. Test names carry this project's label for the case (a, p, b, s, m, d for the
+placement tests' groups, among them s strict mode, m memnodes, d determinism; h the lookup tests;
+c the converter tests), and each test says what it checks.
 
 The vectors' fake sysfs becomes request data: a device's ``numa_node`` is what upstream reads from
 ``/sys/bus/pci/devices/<BDF>/numa_node`` (a missing file is ``null``), ``host_node_cpus`` what it
@@ -27,7 +33,7 @@ from memtopo.planner.guest_pci import (
     parse_request,
 )
 
-# §8.1 fake sysfs: device bus → host node; 06 has no sysfs entry.
+# pci-placement_test.go's fake sysfs: device bus → host node; 06 has no sysfs entry.
 NODE_OF = {"01": 0, "02": 1, "03": 0, "04": 1, "05": 0, "06": None}
 HOST_NODE_CPUS = {"0": "0-3", "1": "4-7"}
 # Default domain: cells {0: vCPUs 0-1}, {1: vCPUs 2-3}; vCPU0 → pCPU0, vCPU2 → pCPU4.
@@ -64,7 +70,7 @@ def accepted(d: GuestPciDecision) -> int:
     return sum(p.status == "placed" for p in d.devices)
 
 
-# ---- §8.1 pci-placement_test.go --------------------------------------------------------------------
+# ---- pci-placement_test.go ---------------------------------------------------------------------------
 def test_a1_a6_two_pci_devices_are_candidates() -> None:
     # A1's usb/scsi hostdevs cannot be expressed: the request only carries PCI devices.
     d = run([dev("01"), dev("02")])
@@ -205,7 +211,7 @@ def test_d2_indexes_follow_the_highest_existing_controller() -> None:
     assert placed_bus(d)["0000:01:00.0"] == 9
 
 
-# ---- §8.2 hw_utils_test.go: host node → guest cell ------------------------------------------------
+# ---- hw_utils_test.go: host node → guest cell --------------------------------------------------------
 HW_CPUS = {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}  # dev0 = 00:01.0 on node 0, dev1 = 00:02.0 on node 1
 
 
@@ -301,7 +307,7 @@ def test_missing_host_node_cpulist_is_reported() -> None:
     assert "failed to read CPU list for host NUMA node 0" in d.devices[0].reason
 
 
-# ---- §8.3 converter_test.go -----------------------------------------------------------------------
+# ---- converter_test.go -------------------------------------------------------------------------------
 C_DEVICES = ["0000:81:01.0", "0000:81:02.0", "0000:82:01.0", "0000:82:02.0"]
 # guestMappingPassthrough over host node 0 (CPUs 0,1): one guest cell 0 with memnode 0 ← 0.
 C_NUMA = {"cells": {"0": "0-1"}, "vcpupins": {"0": "0", "1": "1"}, "memnodes": {"0": "0"},
@@ -322,7 +328,7 @@ def test_c2_strict_missing_device_numa_fails() -> None:
     assert "strict PCI NUMA-aware placement failed" in exc.value.message and "0000:82:02.0" in exc.value.message
 
 
-# ---- §10 VEP example: as upstream builds it, not as the VEP draws it -------------------------------
+# ---- the VEP example: as upstream builds it, not as the VEP draws it ---------------------------------
 VEP_NODE0 = ["03", "04", "05", "06", "07", "08", "41"]
 VEP_NODE1 = ["83", "84", "85", "86", "87", "88", "89"]
 
@@ -343,7 +349,8 @@ def test_vep_example_controllers_and_addresses() -> None:
     bus = placed_bus(d)
     assert [bus[f"0000:{b}:00.0"] for b in VEP_NODE0] == list(range(2, 9))
     assert [bus[f"0000:{b}:00.0"] for b in VEP_NODE1] == list(range(10, 17))
-    # §3.8: seven devices behind busNr 248 enumerate at f9:00.0 … ff:00.0.
+    # A pxb with busNr B is guest bus B and its k-th port's device lands on bus B+1+k (libvirt's
+    # docs/pci-addresses.rst): seven devices behind busNr 248 enumerate at f9:00.0 … ff:00.0.
     guest = {p.device.bdf: p.guest_bdf for p in d.devices}
     assert [guest[f"0000:{b}:00.0"] for b in VEP_NODE0] == [f"0000:{x:02x}:00.0" for x in range(0xF9, 0x100)]
     assert [guest[f"0000:{b}:00.0"] for b in VEP_NODE1] == [f"0000:{x:02x}:00.0" for x in range(0xF1, 0xF8)]

@@ -1,8 +1,9 @@
-"""place: one-node placement and fleet ranking on hand-built MemoryTopology messages (seed 002).
+"""place: one-node placement and fleet ranking on hand-built MemoryTopology messages.
 
 No GH200, DGX or CXL host is at hand, so the topologies are written here in the schema's own
 terms (what discovery would publish for such machines); expected values are worked out from the
-seed's rules and the formulas in docs/planner-guest-pci-place.md, not copied from output.
+rules of the vendor-neutral memory topology design and the formulas in
+docs/planner-guest-pci-place.md, not copied from output.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def dual_socket_cxl(name: str = "ds") -> pb.MemoryTopology:
 
 def gh200(name: str = "gh") -> pb.MemoryTopology:
     """One Grace Hopper superchip: 72 CPUs and 480 GiB LPDDR5X (node 0) plus the GPU's 96 GiB HBM
-    (node 1) merged into one Unified domain, as seed 002 maps it."""
+    (node 1) merged into one Unified domain, as the vendor-neutral memory topology design maps it."""
     return build(name, [Dom(0, UNIFIED, [(0, 480), (1, 96)], range(72))],
                  gpus=[Gpu(0, domain=0, unified=True)], nics=[(0, "")])
 
@@ -263,7 +264,7 @@ def test_unified_node_skips_the_numa_policy() -> None:
 
 
 def test_unified_node_applies_an_explicit_policy() -> None:
-    # The seed's own example request: interleave on a unified node is honoured when asked for.
+    # The memory topology design's own example request: interleave on a unified node is honoured when asked for.
     d = decide(req(cpus=24, gpus=1, memory_gb=128, memory_policy="interleave", require_unified_memory=True), gh200())
     assert d.memory_policy.mode == "interleave" and d.memory_policy.explicit
     assert d.memory_policy.numactl == ("--interleave=0-1",)

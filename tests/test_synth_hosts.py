@@ -172,7 +172,7 @@ def test_failing_vendor_tool_leaves_the_pci_view_complete(host: str, tool: str, 
 
 def test_nvml_missing_on_gh200_still_reports_the_gpu_and_its_memory_node_from_procfs(tmp_path: Path) -> None:
     """No NVML recording (driver library absent): numa_status alone still names the GPU memory node;
-    without NVML's C2C answer nothing is called Unified (seed 002's fallback: Dram domains only)."""
+    without NVML's C2C answer nothing is called Unified (the fallback: Dram domains only)."""
     absent = tmp_path / "nvml.json"
     absent.write_text('{"nvmlInit": {"error": "LibraryNotFound"}, "devices": []}')
     t = topo("gh200", nvml_replay=absent)

@@ -29,7 +29,7 @@ MAX_EXPOSURE = 3.5
 
 CAPABILITIES = {"CAP_SYS_NICE", "CAP_SYS_PTRACE", "CAP_CHOWN"}
 READ_WRITE_PATHS = {"/sys/fs/cgroup", "/proc/irq"}
-# What the apply engine calls (apply/host.py, kernel_interfaces.md §7-8) and grpc/Python need.
+# What the apply engine calls (apply/host.py) and grpc/Python need.
 NEEDED_SYSCALLS = {"sched_setaffinity", "sched_getaffinity", "migrate_pages", "set_mempolicy", "get_mempolicy",
                    "mbind", "move_pages", "socket", "bind", "connect", "sendmsg", "recvmsg", "epoll_wait",
                    "clone3", "execve", "mmap", "mprotect", "openat", "mkdir", "rmdir", "chown", "fchmodat"}

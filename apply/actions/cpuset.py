@@ -1,4 +1,4 @@
-"""cpuset cgroups, v1 and v2 (kernel_interfaces.md §6): create, set cpus/mems/partition, attach.
+"""cpuset cgroups, v1 and v2: create, set cpus/mems/partition, attach.
 
 v1: a new cpuset holds no CPUs or nodes, and no task can join it until both are set (ENOSPC), so
 every level the plan creates gets its parent's sets (what ``cgroup.clone_children`` would do) and

@@ -1,9 +1,10 @@
-"""IRQ affinity through ``/proc/irq/N/smp_affinity_list`` (kernel_interfaces.md §5.2-§5.5).
+"""IRQ affinity through ``/proc/irq/N/smp_affinity_list`` (kernel ``Documentation/core-api/irq/irq-affinity.rst``).
 
 The effective affinity is read back and reported; it may lag until the next interrupt on x86, so
 only ``smp_affinity_list`` must verify. A kernel-managed IRQ refuses the write with EIO (older
-kernels) or EPERM (≈6.12+): it is reported as unmovable, never retried and, per the notes, never
-a failure of the plan; an action whose every IRQ is managed is skipped with that reason.
+kernels) or EPERM (≈6.12+): it is reported as unmovable, never retried and never a failure of
+the plan (its affinity is the kernel's to set, and irqbalance leaves it alone too); an action
+whose every IRQ is managed is skipped with that reason.
 """
 
 from __future__ import annotations

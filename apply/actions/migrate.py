@@ -1,4 +1,4 @@
-"""Page migration with ``migrate_pages(2)`` (kernel_interfaces.md §7.4), measured by numa_maps.
+"""Page migration with ``migrate_pages(2)``, measured by ``/proc/PID/numa_maps`` (numa(7)).
 
 The syscall's return (pages not moved) is a hint the kernel has not always kept accurate, so the
 result carries both it and the per-node page counts of ``/proc/PID/numa_maps`` before and after.

@@ -1,4 +1,4 @@
-"""Thread affinity: ``sched_setaffinity`` per TID (kernel_interfaces.md §8), no taskset.
+"""Thread affinity: ``sched_setaffinity(2)`` per TID, no taskset.
 
 Speed matters here (processes with thousands of threads): one batched read of the current masks,
 one batched set of the threads that differ, one journal record for all of them. Verification reads
