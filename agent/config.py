@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args
 from memtopo.addresses import AddressError, is_loopback, parse_host_port
 from memtopo.apply import cgroups
 from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
+from memtopo.k8s.facts import DEFAULT_POD_RESOURCES_SOCKET
 from memtopo.text import excerpt
 
 DEFAULT_CONFIG_PATH = Path("/etc/memtopo/agent.toml")
@@ -101,6 +102,25 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    # Publish this node's NodeResourceTopology (agent/k8s_publisher.py); off outside a cluster.
+    enabled: bool = False
+    # metadata.name of the object and the Node it belongs to; "" = $NODE_NAME, else node_name.
+    node_name: str = ""
+    # "" = the pod's in-cluster service account; else an API server URL (out-of-cluster tests).
+    api_server: str = ""
+    # KubeletConfiguration file on the node (read under root); "" = the usual places.
+    kubelet_config: str = ""
+    # The kubelet's PodResources socket; "" = do not ask (available = allocatable).
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    pod_resources_seconds: float = 10.0
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 60.0
+    # Take fields another field manager owns (server-side apply force); off = report the conflict.
+    force_conflicts: bool = False
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node_name: str = field(default_factory=_hostname)
     root: str = "/"
@@ -111,6 +131,7 @@ class AgentConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     apply: ApplyConfig = field(default_factory=ApplyConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     # Where the values came from (a path, or "<defaults>"); not part of equality.
     source: str = field(default="<defaults>", compare=False)
 
@@ -247,7 +268,8 @@ class _Table:
 
 # --- sections ----------------------------------------------------------------------------------
 
-_TOP_KEYS = ("node_name", "root", "state_dir", "listen", "controller", "discovery", "health", "apply", "log")
+_TOP_KEYS = ("node_name", "root", "state_dir", "listen", "controller", "discovery", "health", "apply", "log",
+             "kubernetes")
 _APPLY_KEYS = ("cgroup_prefixes", "irqbalance", "allow_init", "allow_kernel_threads", "allow_self", "cgroup_version")
 _GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]+")
 
@@ -389,6 +411,28 @@ def _log(t: _Table) -> LogConfig:
     return LogConfig(level=t.choice("level", d.level, LOG_LEVELS), format=t.choice("format", d.format, LOG_FORMATS))
 
 
+def _kubernetes(t: _Table) -> KubernetesConfig:
+    d = KubernetesConfig()
+    node_name = t.string("node_name", d.node_name)
+    if node_name and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", node_name):
+        raise t.error("node_name", f"{excerpt(node_name)} is not a Kubernetes node name (lowercase DNS subdomain)")
+    api_server = t.string("api_server", d.api_server)
+    if api_server and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", api_server):
+        raise t.error("api_server", f"{excerpt(api_server)} is not an http(s):// URL")
+    cfg = KubernetesConfig(
+        enabled=t.boolean("enabled", d.enabled), node_name=node_name, api_server=api_server,
+        kubelet_config=t.path("kubelet_config", d.kubelet_config),
+        pod_resources_socket=t.path("pod_resources_socket", d.pod_resources_socket),
+        pod_resources_seconds=t.seconds("pod_resources_seconds", d.pod_resources_seconds),
+        backoff_initial_seconds=t.seconds("backoff_initial_seconds", d.backoff_initial_seconds),
+        backoff_max_seconds=t.seconds("backoff_max_seconds", d.backoff_max_seconds),
+        force_conflicts=t.boolean("force_conflicts", d.force_conflicts))
+    if cfg.backoff_max_seconds < cfg.backoff_initial_seconds:
+        raise t.error("backoff_max_seconds", f"{cfg.backoff_max_seconds:g} is below backoff_initial_seconds "
+                                             f"({cfg.backoff_initial_seconds:g})")
+    return cfg
+
+
 def parse_config(text: str, source: str) -> AgentConfig:
     """The configuration in ``text`` (TOML); ``source`` names it in errors. Raises only ConfigError."""
     try:
@@ -412,6 +456,7 @@ def parse_config(text: str, source: str) -> AgentConfig:
             "listen", HealthConfig().listen)),
         apply=_apply(top.table("apply", _APPLY_KEYS)),
         log=_log(top.table("log", _keys(LogConfig))),
+        kubernetes=_kubernetes(top.table("kubernetes", _keys(KubernetesConfig))),
         source=source,
     )
 

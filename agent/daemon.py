@@ -87,6 +87,7 @@ class Agent:
         self.socket_path = config.listen.socket
         self.tcp_port: int | None = None
         self.engine: Engine | None = None
+        self.k8s_publisher: Any = None  # agent.k8s_publisher.Publisher when [kubernetes] is enabled
 
     # ---- HealthSource (read from the HTTP threads) -------------------------------------------------
     def alive(self) -> tuple[bool, str]:
@@ -102,7 +103,9 @@ class Agent:
         engine = self.engine
         bad = engine.unreadable if engine is not None else []
         checks["apply_journals"] = engine.unreadable_message()[:1000] if engine is not None and bad else "ok"
-        return r.discovered and r.listening and not bad, checks
+        # A NodeResourceTopology behind the topology makes the pod unready (the agent keeps serving).
+        k8s_ok, checks["kubernetes"] = self.k8s_publisher.status() if self.k8s_publisher else (True, "not configured")
+        return r.discovered and r.listening and not bad and k8s_ok, checks
 
     # ---- triggers -----------------------------------------------------------------------------------
     def request_rescan(self, reason: str) -> None:
@@ -275,6 +278,12 @@ class Agent:
             self.link = self._start_link(plans)
             if self.link is not None:
                 tasks.append(asyncio.create_task(self.link.run(), name="controller_link"))
+            if self.config.kubernetes.enabled:
+                from memtopo.agent.k8s_publisher import publisher_for
+
+                self.k8s_publisher = publisher_for(self.config.kubernetes, self.config.node_name, ctx.fs, self.state,
+                                                   self.metrics.registry)
+                tasks.append(asyncio.create_task(self.k8s_publisher.run(), name="kubernetes_publisher"))
             self.notifier.ready(f"serving generation {self.state.generation}")
             log.info("agent_ready", node=self.config.node_name, generation=self.state.generation,
                      socket=self.socket_path, tcp_port=self.tcp_port,

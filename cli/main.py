@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from memtopo import __version__
 from memtopo.cli import apply as apply_cli
 from memtopo.cli import controller as controller_cli
+from memtopo.cli import k8s as k8s_cli
 from memtopo.cli import plan as plan_cli
 from memtopo.cli import query as query_cli
 from memtopo.cli.output import fail
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cli.add_commands(sub)
     query_cli.add_commands(sub)
     controller_cli.add_commands(sub)
+    k8s_cli.add_commands(sub)
     return parser
 
 

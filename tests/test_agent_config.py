@@ -43,6 +43,9 @@ SPEC_KEYS = {
     "apply.cgroup_prefixes", "apply.irqbalance", "apply.allow_init", "apply.allow_kernel_threads",
     "apply.allow_self", "apply.cgroup_version",
     "log.level", "log.format",
+    "kubernetes.enabled", "kubernetes.node_name", "kubernetes.api_server", "kubernetes.kubelet_config",
+    "kubernetes.pod_resources_socket", "kubernetes.pod_resources_seconds", "kubernetes.backoff_initial_seconds",
+    "kubernetes.backoff_max_seconds", "kubernetes.force_conflicts",
 }
 
 
@@ -431,6 +434,12 @@ _PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "apply.cgroup_version": st.integers(0, 2),
     "log.level": st.sampled_from(["debug", "info", "warning", "error"]),
     "log.format": st.sampled_from(["json", "console"]),
+    "kubernetes.enabled": st.booleans(), "kubernetes.node_name": st.sampled_from(["", "gpu-1", "Bad_Name"]),
+    "kubernetes.api_server": st.sampled_from(["", "https://10.0.0.1:6443", "ftp://x"]),
+    "kubernetes.kubelet_config": st.sampled_from(["", "/var/lib/kubelet/config.yaml", "relative.yaml"]),
+    "kubernetes.pod_resources_socket": st.sampled_from(["", "/var/lib/kubelet/pod-resources/kubelet.sock"]),
+    "kubernetes.pod_resources_seconds": st.floats(0.1, 60), "kubernetes.backoff_initial_seconds": st.floats(0.1, 5),
+    "kubernetes.backoff_max_seconds": st.floats(0.1, 120), "kubernetes.force_conflicts": st.booleans(),
 }
 
 
@@ -500,3 +509,16 @@ def test_property_strategies_cover_every_key() -> None:
 ])
 def test_read_socket_defaults_to_beside_the_socket(text: str, expected: str) -> None:
     assert parse_config(text, "test.toml").listen.read_socket == expected
+
+
+def test_kubernetes_section() -> None:
+    cfg = parse_config('[kubernetes]\nenabled = true\nnode_name = "gpu-1"\napi_server = "https://10.0.0.1:6443"\n'
+                       'pod_resources_seconds = 2\n', "k.toml").kubernetes
+    assert (cfg.enabled, cfg.node_name, cfg.api_server, cfg.pod_resources_seconds) == (
+        True, "gpu-1", "https://10.0.0.1:6443", 2.0)
+    assert cfg.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock" and not cfg.force_conflicts
+    assert error_of('[kubernetes]\nnode_name = "GPU_1"\n').key == "kubernetes.node_name"
+    assert error_of('[kubernetes]\napi_server = "10.0.0.1:6443"\n').key == "kubernetes.api_server"
+    assert error_of('[kubernetes]\nkubelet_config = "config.yaml"\n').key == "kubernetes.kubelet_config"
+    err = error_of("[kubernetes]\nbackoff_initial_seconds = 5\nbackoff_max_seconds = 1\n")
+    assert err.key == "kubernetes.backoff_max_seconds"

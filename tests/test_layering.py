@@ -21,9 +21,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "planner": frozenset(),
     "apply": frozenset(),
     "draw": frozenset(),
-    "agent": frozenset({"discovery", "apply"}),
-    "controller": frozenset({"planner", "draw"}),
-    "cli": frozenset({"discovery", "planner", "apply", "draw", "agent", "controller"}),
+    "k8s": frozenset(),
+    "agent": frozenset({"discovery", "apply", "k8s"}),
+    "controller": frozenset({"planner", "draw", "k8s"}),
+    "cli": frozenset({"discovery", "planner", "apply", "draw", "k8s", "agent", "controller"}),
 }
 
 

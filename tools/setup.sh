@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (Python >= 3.12: pyhwloc needs it) with memtopo and its dev tools. Idempotent.
+# Creates .venv (Python >= 3.12: pyhwloc needs it) with memtopo, its Kubernetes extra and its dev tools.
+# Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 find_python() {
@@ -17,7 +18,7 @@ if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   py=$(find_python)
   [[ -x .venv/bin/python ]] || "$py" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,k8s]'
   echo "$want" > "$stamp"
 fi
 # Put `memtopo` on PATH, as the README writes it: a link in /usr/local/bin (or $MEMTOPO_BIN_DIR) to this

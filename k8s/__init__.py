@@ -1,0 +1,1 @@
+"""Kubernetes: the NodeResourceTopology object memtopo publishes, the kubelet facts it reads, the publisher."""

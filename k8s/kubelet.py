@@ -1,0 +1,196 @@
+"""The kubelet's configuration facts, read through a root (the live host's ``/`` or a capture).
+
+``KubeletConfiguration`` (``kubelet.config.k8s.io/v1beta1``, YAML, usually ``/var/lib/kubelet/config.yaml``):
+topology-manager policy and scope, CPU and memory manager policies, ``reservedSystemCPUs`` and
+``reservedMemory``. Plus the node's huge page pools per NUMA node from sysfs, which the kubelet reports
+as ``hugepages-<size>`` resources. Nothing here raises: an unreadable or malformed file becomes
+``KubeletFacts.problem`` (quoted briefly), and the object then says the kubelet config was unreadable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import stat
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.hostfs import HostFS, HostReadError
+from memtopo.k8s.facts import DEFAULT_CONFIG_PATHS, KubeletFacts
+from memtopo.k8s.nrt import hugepage_resource
+
+MAX_CONFIG_BYTES = 1 << 20
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))((?:[KMGTPE]i)|[numkMGTPE]|(?:[eE][+-]?[0-9]+))?")
+_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+# Quantities beyond this are not memory sizes (and would make exponent parsing unbounded).
+_MAX_QUANTITY = 1 << 70
+
+
+class KubeletConfigError(ValueError):
+    """A value in the kubelet configuration memtopo cannot use."""
+
+
+def _show(value: object, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_quantity(value: object) -> int:
+    """A Kubernetes quantity of bytes (``1Gi``, ``512M``, ``1e9``, ``1048576``) as an integer ≥ 0."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise KubeletConfigError(f"not a quantity: {_show(value)}")
+    if isinstance(value, int):
+        number = value
+    else:
+        m = _QUANTITY.fullmatch(value.strip())
+        if m is None or len(value) > 64:
+            raise KubeletConfigError(f"not a quantity: {_show(value)}")
+        digits, suffix = m.group(1), m.group(2) or ""
+        if suffix in _BINARY:
+            scale_num, scale_den = _BINARY[suffix], 1
+        elif suffix in _DECIMAL:
+            scale_num, scale_den = _DECIMAL[suffix], 1
+        elif suffix[:1] in ("e", "E"):  # 1e9; "E" alone (exa) and "Ei" were taken above
+            exp = int(suffix[1:])
+            if exp > 21:
+                raise KubeletConfigError(f"quantity too large: {_show(value)}")
+            scale_num, scale_den = (10**exp, 1) if exp >= 0 else (1, 10**-exp)
+        else:  # m, u, n: fractions of a byte
+            raise KubeletConfigError(f"not a whole number of bytes: {_show(value)}")
+        whole, _, frac = digits.lstrip("+-").partition(".")
+        num = int(whole or "0") * 10 ** len(frac) + int(frac or "0")
+        number = num * scale_num // (scale_den * 10 ** len(frac))
+        if digits.startswith("-"):
+            number = -number
+    if number < 0 or number > _MAX_QUANTITY:
+        raise KubeletConfigError(f"quantity out of range: {_show(value)}")
+    return number
+
+
+def _string(doc: Mapping[str, Any], key: str) -> str | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 64:
+        raise KubeletConfigError(f"{key}: not a short string: {_show(value)}")
+    return value
+
+
+def _reserved_memory(value: object) -> dict[int, dict[str, int]]:
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise KubeletConfigError(f"reservedMemory: not a list: {_show(value)}")
+    out: dict[int, dict[str, int]] = {}
+    for item in value[:1024]:
+        if not isinstance(item, Mapping):
+            raise KubeletConfigError(f"reservedMemory: entry is not a mapping: {_show(item)}")
+        node, limits = item.get("numaNode"), item.get("limits") or {}
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 1 << 16:
+            raise KubeletConfigError(f"reservedMemory: numaNode {_show(node)} is not a NUMA node id")
+        if not isinstance(limits, Mapping):
+            raise KubeletConfigError(f"reservedMemory: limits of node {node} is not a mapping")
+        for res, qty in limits.items():
+            if not isinstance(res, str):
+                raise KubeletConfigError(f"reservedMemory: resource name {_show(res)}")
+            out.setdefault(node, {})[res] = out.get(node, {}).get(res, 0) + parse_quantity(qty)
+    return out
+
+
+def facts_from_config(doc: object, path: str) -> KubeletFacts:
+    """The facts in a parsed KubeletConfiguration document (``problem`` set when it is unusable)."""
+    try:
+        if not isinstance(doc, Mapping):
+            raise KubeletConfigError("not a KubeletConfiguration mapping")
+        kind = doc.get("kind")
+        if kind is not None and kind != "KubeletConfiguration":
+            raise KubeletConfigError(f"kind is {_show(kind)}, not KubeletConfiguration")
+        cpus_text = doc.get("reservedSystemCPUs") or ""
+        if not isinstance(cpus_text, str):
+            raise KubeletConfigError(f"reservedSystemCPUs: not a CPU list: {_show(cpus_text)}")
+        try:
+            reserved_cpus = parse_cpulist(cpus_text)
+        except CpuListError as exc:
+            raise KubeletConfigError(f"reservedSystemCPUs: {exc}") from None
+        return KubeletFacts(
+            config_path=path,
+            topology_manager_policy=_string(doc, "topologyManagerPolicy"),
+            topology_manager_scope=_string(doc, "topologyManagerScope"),
+            cpu_manager_policy=_string(doc, "cpuManagerPolicy"),
+            memory_manager_policy=_string(doc, "memoryManagerPolicy"),
+            reserved_cpus=reserved_cpus,
+            reserved_memory=_reserved_memory(doc.get("reservedMemory")))
+    except KubeletConfigError as exc:
+        return KubeletFacts(config_path=path, problem=str(exc))
+
+
+def _read_regular(fs: HostFS, rel: str) -> str:
+    """The text of a regular file under the root: symlinks may not leave it, and FIFOs, devices and
+    oversized files are refused before they are opened (a FIFO would block the open)."""
+    real = fs.resolve(rel)
+    try:
+        st = os.stat(fs.join(real))
+    except OSError as exc:
+        raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise HostReadError(rel, "not a regular file")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise HostReadError(rel, f"larger than {MAX_CONFIG_BYTES} bytes")
+    return fs.read_text(real)
+
+
+def hugepage_pools(fs: HostFS) -> dict[int, dict[str, int]]:
+    """NUMA node → ``hugepages-<size>`` → bytes in its pool; unreadable entries count as empty."""
+    base = "sys/devices/system/node"
+    out: dict[int, dict[str, int]] = {}
+    try:
+        nodes = [e for e in fs.listdir(base) if e.startswith("node") and e[4:].isdigit()]
+    except HostReadError:
+        return out
+    for entry in nodes:
+        rel = f"{base}/{entry}/hugepages"
+        try:
+            sizes = fs.listdir(rel)
+        except HostReadError:
+            continue
+        for e in sizes:
+            size_kb = e[10:-2]
+            if not (e.startswith("hugepages-") and e.endswith("kB") and size_kb.isdigit()):
+                continue
+            try:
+                pages = fs.read_int(f"{rel}/{e}/nr_hugepages")
+            except HostReadError:
+                continue
+            if pages > 0:
+                out.setdefault(int(entry[4:]), {})[hugepage_resource(int(size_kb) * 1024)] = pages * int(size_kb) * 1024
+    return out
+
+
+def read_kubelet_facts(fs: HostFS, config_paths: Sequence[str] = DEFAULT_CONFIG_PATHS) -> KubeletFacts:
+    """The kubelet's facts under ``fs``: the first config file of ``config_paths`` that exists (paths are
+    absolute on the node, read under the root), and the huge page pools. Never raises."""
+    import yaml
+
+    huge = hugepage_pools(fs)
+    for path in config_paths:
+        rel = path.lstrip("/")
+        if not fs.exists(rel) and not os.path.islink(fs.join(rel)):
+            continue
+        try:
+            text = _read_regular(fs, rel)
+        except HostReadError as exc:
+            return KubeletFacts(config_path=path, problem=exc.reason, hugepages=huge)
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            return KubeletFacts(config_path=path, problem=f"not valid YAML{where}", hugepages=huge)
+        except RecursionError:
+            return KubeletFacts(config_path=path, problem="YAML nested too deeply", hugepages=huge)
+        facts = facts_from_config(doc, path)
+        return dataclasses.replace(facts, hugepages=huge)
+    return KubeletFacts(problem=f"no kubelet config at {', '.join(config_paths)}", hugepages=huge)

@@ -1,0 +1,345 @@
+"""The NodeResourceTopology publisher against a STAND-IN API server (tests/k8s_standin.py: real HTTP,
+server-side apply semantics for this one resource; not a Kubernetes API server, none can run here).
+The publisher talks to it through its real client library (kubernetes_asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from memtopo.agent.config import load_config
+from memtopo.agent.daemon import EXIT_OK, Agent
+from memtopo.agent.k8s_publisher import APPLY_CONTENT_TYPE, FIELD_MANAGER, KubernetesApi, Publisher, PublisherSettings
+from memtopo.agent.sdnotify import Notifier
+from memtopo.agent.state import TopologyState
+from memtopo.k8s.facts import DeviceGrant, KubeletFacts, PodResourcesView
+from memtopo.k8s.nrt import zone_nodes
+from memtopo.k8s.podresources import PodResourcesError
+from memtopo.v1 import topology_pb2 as pb
+from tests.fixtures import lab_root
+from tests.k8s_standin import StandInApiServer
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client honours proxy variables (trust_env), as in a cluster; the stand-in is on loopback."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+WAIT = 30.0  # generous: event waits, never a speed assertion
+
+
+def topology(fingerprint: str, gpus: int = 2) -> pb.MemoryTopology:
+    nodes = [pb.NumaNode(id=i, state=pb.NUMA_NODE_STATE_ONLINE, cpus=range(8 * i, 8 * i + 8),
+                         memory_bytes=64 << 30, has_cpu=True, has_memory=True, domain=i,
+                         distances=[10 if i == j else 21 for j in range(2)], distance_nodes=[0, 1])
+             for i in range(2)]
+    accs = [pb.Accelerator(index=i, id=f"GPU{i}", vendor="NVIDIA", model="H100", numa_node=i % 2,
+                           uuid=f"GPU-{i:04d}", kind=pb.ACCELERATOR_KIND_GPU) for i in range(gpus)]
+    domains = [pb.MemoryDomain(id=i, type=pb.MEMORY_DOMAIN_TYPE_DRAM, numa_nodes=[i], kernel_tier=-1) for i in range(2)]
+    return pb.MemoryTopology(node_name=NODE, fingerprint=fingerprint, numa_nodes=nodes, accelerators=accs,
+                             domains=domains)
+
+
+def no_pods() -> PodResourcesView:
+    raise PodResourcesError("no socket at /var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+def attr(obj: dict[str, Any], name: str) -> str | None:
+    return next((a["value"] for a in obj.get("attributes", []) if a["name"] == name), None)
+
+
+def available(obj: dict[str, Any], zone: str, resource: str) -> str:
+    z = next(z for z in obj["zones"] if z["name"] == zone)
+    return str(next(r for r in z["resources"] if r["name"] == resource)["available"])
+
+
+class Harness:
+    def __init__(self, server: StandInApiServer, *, host: str | None = None,
+                 read_pods: Callable[[], PodResourcesView] = no_pods,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, **settings: Any) -> None:
+        self.server = server
+        self.state = TopologyState()
+        self.registry = CollectorRegistry()
+        settings.setdefault("pod_resources_seconds", 3600.0)
+        self.publisher = Publisher(PublisherSettings(node_name=NODE, **settings), self.state,
+                                   KubernetesApi(host or server.url), read_kubelet=KubeletFacts,
+                                   read_pods=read_pods, registry=self.registry, sleep=sleep)
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.publisher.run())
+
+    async def stop(self) -> None:
+        self.publisher.stop()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, WAIT)
+        await self.server.stop()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+
+async def eventually(cond: Callable[[], bool]) -> None:
+    """Wait (generously) until ``cond`` holds: the stand-in stores before the publisher reads its answer."""
+    async def loop() -> None:
+        while not cond():
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(loop(), WAIT)
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 120))
+
+
+def test_applies_with_field_manager_apply_content_type_and_node_owner() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        uid = server.add_node(NODE)
+        await server.start()
+        h = Harness(server)
+        h.state.publish(topology("f1"))
+        h.start()
+        obj = await server.wait_stored(lambda o: True, WAIT)
+        assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid}]
+        assert obj["metadata"]["managedFields"][0]["manager"] == FIELD_MANAGER
+        assert [z["name"] for z in obj["zones"]] == ["node-0", "node-1"]
+        assert attr(obj, "memtopo.io/generation") == "1"
+        patches = [r for r in server.requests if r.method == "PATCH"]
+        assert [(r.content_type, r.query.get("fieldManager"), r.query.get("force"), r.status) for r in patches] == [
+            (APPLY_CONTENT_TYPE, FIELD_MANAGER, None, 201)]
+        await eventually(lambda: h.publisher.status() == (True, "applied generation 1"))
+        assert h.metric("memtopo_k8s_nrt_published_generation") == 1
+        assert h.metric("memtopo_k8s_nrt_applies_total", outcome="ok") == 1
+        await h.stop()
+    run(main)
+
+
+def test_a_new_generation_is_applied_at_once_without_waiting_for_the_poll() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        h = Harness(server)  # PodResources polled hourly: only the new generation can wake it
+        h.state.publish(topology("f1", gpus=2))
+        h.start()
+        await server.wait_stored(lambda o: attr(o, "memtopo.io/generation") == "1", WAIT)
+        h.state.publish(topology("f2", gpus=4))  # two more GPUs hot-plugged
+        obj = await server.wait_stored(lambda o: attr(o, "memtopo.io/generation") == "2", WAIT)
+        assert available(obj, "node-0", "nvidia.com/gpu") == "2"
+        statuses = [r.status for r in server.requests if r.method == "PATCH"]
+        assert statuses == [201, 200]
+        assert obj["metadata"]["generation"] == 2
+        await h.stop()
+    run(main)
+
+
+def test_a_pod_resources_change_is_applied_and_an_unchanged_poll_is_not() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        view = {"now": PodResourcesView(pods=0)}
+        polls: list[int] = []
+
+        def read() -> PodResourcesView:
+            polls.append(1)
+            return view["now"]
+
+        h = Harness(server, read_pods=read, pod_resources_seconds=0.05)
+        h.state.publish(topology("f1"))
+        h.start()
+        await server.wait_stored(lambda o: available(o, "node-0", "nvidia.com/gpu") == "1", WAIT)
+        while len(polls) < 5:  # several polls with nothing new
+            await asyncio.sleep(0.05)
+        assert len([r for r in server.requests if r.method == "PATCH"]) == 1
+        view["now"] = PodResourcesView(assigned_devices=(DeviceGrant("nvidia.com/gpu", ("GPU-0000",), (0,)),), pods=1)
+        obj = await server.wait_stored(lambda o: available(o, "node-0", "nvidia.com/gpu") == "0", WAIT)
+        assert attr(obj, "memtopo.io/pod-resources") == "kubelet: 1 pods"
+        assert attr(obj, "memtopo.io/generation") == "1"
+        await h.stop()
+    run(main)
+
+
+def test_a_periodic_resync_restores_a_deleted_object_with_the_nodes_current_uid() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        h = Harness(server, read_pods=PodResourcesView, pod_resources_seconds=0.05, resync_seconds=0.2)
+        h.state.publish(topology("f1"))
+        h.start()
+        await server.wait_stored(lambda o: True, WAIT)
+        del server.objects[NODE]  # deleted behind the agent's back; the Node registered again
+        new_uid = server.add_node(NODE)
+        obj = await server.wait_stored(lambda o: o["metadata"]["ownerReferences"][0]["uid"] == new_uid, WAIT)
+        assert attr(obj, "memtopo.io/generation") == "1"
+        assert [r.method for r in server.requests][:2] == ["GET", "PATCH"]
+        await h.stop()
+    run(main)
+
+
+def test_unreachable_server_backs_off_reports_behind_then_catches_up() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        url = await server.start()
+        port = int(url.rsplit(":", 1)[1])
+        await server.stop()  # nothing listens there now
+        delays: list[float] = []
+        seen: list[tuple[bool, str, float | None]] = []
+        h: Harness
+
+        async def sleep(seconds: float) -> None:
+            delays.append(seconds)
+            seen.append((*h.publisher.status(), h.metric("memtopo_k8s_nrt_behind")))
+            if len(delays) == 4:
+                await server.start(port)  # the API server comes back
+            await asyncio.sleep(0)
+
+        h = Harness(server, host=url, sleep=sleep, backoff_initial_seconds=1.0, backoff_max_seconds=4.0)
+        h.state.publish(topology("f1"))
+        h.start()
+        obj = await server.wait_stored(lambda o: True, WAIT)
+        assert attr(obj, "memtopo.io/generation") == "1"
+        assert len(delays) == 4
+        # Exponential, capped, jittered over the upper half: 1, 2, 4, 4.
+        for delay, cap in zip(delays, (1.0, 2.0, 4.0, 4.0), strict=True):
+            assert cap / 2 <= delay <= cap
+        assert all(not ready and msg.startswith("behind: generation 1 not applied") and behind == 1
+                   for ready, msg, behind in seen)
+        await eventually(lambda: h.publisher.status()[0] and h.metric("memtopo_k8s_nrt_behind") == 0)
+        assert h.metric("memtopo_k8s_nrt_applies_total", outcome="unreachable") == 4
+        await h.stop()
+    run(main)
+
+
+def test_server_errors_and_a_missing_node_are_retried() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        await server.start()
+        delays: list[float] = []
+        h: Harness
+
+        async def sleep(seconds: float) -> None:
+            delays.append(seconds)
+            if len(delays) == 1:
+                assert "404" in h.publisher.status()[1]
+                server.add_node(NODE)
+                server.fail_with = 503
+            elif len(delays) == 2:
+                assert "503" in h.publisher.status()[1]
+                server.fail_with = 0
+            await asyncio.sleep(0)
+
+        h = Harness(server, sleep=sleep)
+        h.state.publish(topology("f1"))
+        h.start()
+        await server.wait_stored(lambda o: True, WAIT)
+        assert len(delays) == 2
+        assert h.metric("memtopo_k8s_nrt_applies_total", outcome="rejected") == 1
+        assert h.metric("memtopo_k8s_nrt_applies_total", outcome="unreachable") == 1
+        await h.stop()
+    run(main)
+
+
+def test_a_field_owned_by_another_manager_is_a_conflict_unless_forced() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        other = {"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+                 "metadata": {"name": NODE}, "zones": [{"name": "node-0", "type": "Node"}]}
+        assert server.apply_as("nfd-topology-updater", copy.deepcopy(other))[0] == 201
+        delays: list[float] = []
+        messages: list[str] = []
+        h: Harness
+
+        async def sleep(seconds: float) -> None:
+            delays.append(seconds)
+            messages.append(h.publisher.status()[1])
+            if len(delays) == 2:
+                h.publisher.stop()
+            await asyncio.sleep(0)
+
+        h = Harness(server, sleep=sleep)
+        h.state.publish(topology("f1"))
+        h.start()
+        await asyncio.wait_for(h.task, WAIT)  # type: ignore[arg-type]
+        assert 'conflict with "nfd-topology-updater": .zones' in messages[0] and "409" in messages[0]
+        assert server.objects[NODE]["zones"] == other["zones"]  # untouched
+        assert h.metric("memtopo_k8s_nrt_applies_total", outcome="conflict") == 2
+        await server.stop()
+
+        forced = StandInApiServer()
+        forced.add_node(NODE)
+        await forced.start()
+        forced.apply_as("nfd-topology-updater", copy.deepcopy(other))
+        h2 = Harness(forced, force_conflicts=True)
+        h2.state.publish(topology("f1"))
+        h2.start()
+        obj = await forced.wait_stored(lambda o: len(o["zones"]) == 2, WAIT)
+        assert [m["manager"] for m in obj["metadata"]["managedFields"]] == [FIELD_MANAGER]
+        assert [r.query.get("force") for r in forced.requests if r.method == "PATCH"] == ["True"]
+        await h2.stop()
+    run(main)
+
+
+def test_the_stand_in_refuses_what_an_api_server_refuses() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        await server.start()
+        url = f"{server.url}/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/n1"
+        good = ('{"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology", '
+                '"metadata": {"name": "n1"}, "zones": [{"name": "node-0", "type": "Node"}]}')
+        bad = good.replace('"type": "Node"', '"costs": [{"name": "node-0", "value": "near"}]')
+        async with aiohttp.ClientSession() as s:
+            async def patch(body: str, ctype: str, query: str) -> tuple[int, str]:
+                async with s.patch(f"{url}?{query}", data=body, headers={"Content-Type": ctype}) as r:
+                    return r.status, (await r.json())["kind"]
+            assert await patch(good, "application/merge-patch+json", "fieldManager=x") == (415, "Status")
+            assert await patch(good, APPLY_CONTENT_TYPE, "") == (400, "Status")
+            assert await patch(bad, APPLY_CONTENT_TYPE, "fieldManager=x") == (422, "Status")
+            assert "n1" not in server.objects
+            assert await patch(good, APPLY_CONTENT_TYPE, "fieldManager=x") == (201, "NodeResourceTopology")
+            assert await patch(good, APPLY_CONTENT_TYPE, "fieldManager=x") == (200, "NodeResourceTopology")
+        assert server.objects["n1"]["metadata"]["generation"] == 1  # an identical apply changes nothing
+        await server.stop()
+    run(main)
+
+
+def test_the_agent_publishes_when_kubernetes_is_enabled(tmp_path: Path) -> None:
+    """The daemon's [kubernetes] section: the publisher runs as one of its tasks, /readyz carries its
+    check and /metrics its series; a stop is still a clean exit."""
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node("lab-node")
+        await server.start()
+        config = tmp_path / "agent.toml"
+        config.write_text(
+            f'node_name = "lab-node"\nroot = "{lab_root("dual-socket-cxl")}"\nstate_dir = "{tmp_path / "state"}"\n'
+            f'[listen]\nsocket = "{tmp_path / "agent.sock"}"\n'
+            '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n'
+            f'[kubernetes]\nenabled = true\napi_server = "{server.url}"\npod_resources_socket = ""\n')
+        agent = Agent(load_config(config), notifier=Notifier(None))
+        run_task = asyncio.create_task(agent.run())
+        obj = await server.wait_stored(lambda o: True, WAIT)
+        topo = agent.state.current.topology  # type: ignore[union-attr]
+        assert [z["name"] for z in obj["zones"]] == [f"node-{n.id}" for n in zone_nodes(topo)]
+        assert attr(obj, "memtopo.io/pod-resources") == (
+            "unavailable (kubernetes.pod_resources_socket is empty): available = allocatable")
+        await eventually(lambda: agent.ready()[1]["kubernetes"] == "applied generation 1")
+        assert agent.ready()[0]
+        assert b"memtopo_k8s_nrt_behind 0.0" in agent.metrics.render()[0]
+        agent.request_stop()
+        assert await asyncio.wait_for(run_task, WAIT) == EXIT_OK
+        await server.stop()
+    run(main)
