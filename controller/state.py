@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from controller.fleet import Fleet
+from controller.kubeapi import PodApi
 from controller.metrics import ControllerMetrics
 
 # Changed node names remembered for ``Changes.since``; a watcher further behind reloads everything.
@@ -62,3 +63,10 @@ class ControllerState:
     changes: Changes = field(default_factory=Changes)
     # Set when the controller begins to stop: /healthz then answers 503.
     stopping: bool = False
+    # The Kubernetes API server the scheduler extender binds through and reads pods from (None: none).
+    kube: PodApi | None = None
+    kube_refresh_s: float = 10.0
+    # The scheduler extender once installed (controller.extender.Extender).
+    extender: Any = None
+    # Background tasks features start; cancelled when the controller stops.
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
