@@ -106,9 +106,14 @@ def parse_quantity(value: object) -> Fraction:
     if match is None or match.group(1) == "-":
         raise ExtenderError("invalid_pod", f"resource quantity {_excerpt(text)!r} is not a Kubernetes quantity")
     number = Fraction(match.group(2))
-    if match.group(3) is not None:
-        number *= Fraction(10) ** int(match.group(3))
-    return number * _SUFFIX[match.group(4) or ""]
+    exponent = int(match.group(3) or 0)
+    # Kubernetes keeps quantities within int64 (scale at most Exa); beyond that is not a request.
+    if abs(exponent) > 18:
+        raise ExtenderError("invalid_pod", f"resource quantity {_excerpt(text)!r} is out of range")
+    number *= Fraction(10) ** exponent * _SUFFIX[match.group(4) or ""]
+    if number >= 1 << 63:
+        raise ExtenderError("invalid_pod", f"resource quantity {_excerpt(text)!r} is out of range")
+    return number
 
 
 def _obj(value: object, what: str) -> Mapping[str, Any]:
