@@ -41,9 +41,9 @@ from controller.kubeapi import KubeApiError, PodApi
 from controller.state import ControllerState
 from memtopo.v1 import topology_pb2 as pb
 from planner import fleet as fleet_policies
-from planner import hccs
+from planner import hccs, place, xpu
 from planner.errors import PlanError
-from planner.fleet import DeviceView, FleetNode
+from planner.fleet import FleetNode
 
 log = structlog.get_logger()
 
@@ -307,19 +307,24 @@ class DeviceLedger:
 
 
 # ---- verdicts ----------------------------------------------------------------------------------------
+UNKNOWN_NODE: Final = "memtopo: no agent has reported this node to the controller"
+# What bind writes from: the node's own result in the policy's decision.
+Pick = hccs.NodeResult | xpu.NodeResult | place.PlaceDecision
+
+
 @dataclass(frozen=True)
 class NodeVerdict:
     fits: bool
     reason: str = ""
     unresolvable: bool = False  # preemption cannot make it fit
     level: int = 0  # 0 = the policy's best; one more per distinct, lower policy score
-    entry: Mapping[str, Any] | None = None  # the node's row of the policy's decision
 
 
 @dataclass(frozen=True)
 class Judgement:
     ask: PodAsk
     verdicts: Mapping[str, NodeVerdict]
+    decision: fleet_policies.Decision | None = None
 
     def score(self, name: str) -> int:
         """Extender score 0–10: 10 for the policy's best score, one less per distinct lower score
@@ -329,19 +334,36 @@ class Judgement:
             return 0
         return max(1, MAX_EXTENDER_PRIORITY - v.level)
 
+    def pick(self, name: str) -> Pick | None:
+        """The node's own result in the decision (what bind writes from); None unless it fits."""
+        d = self.decision
+        if isinstance(d, hccs.Decision):
+            return next((hccs.NodeResult(n, f, d.per_pod) for n, f in zip(d.ranked, d.fits, strict=True)
+                         if n.name == name and f.fits), None)
+        if isinstance(d, xpu.Decision):
+            return next((xpu.NodeResult(n, o) for n, o in zip(d.ranked, d.outcomes, strict=True)
+                         if n.name == name and o.devices), None)
+        if isinstance(d, place.FleetDecision):
+            return next((p for p in d.ranked if p.node == name), None)
+        return None
 
-UNKNOWN_NODE: Final = "memtopo: no agent has reported this node to the controller"
-_KEY: Final[Mapping[str, Callable[[Mapping[str, Any]], Any]]] = {
-    # The order each policy ranks by (after which only the node name breaks ties).
-    "hccs": lambda e: e["score"],
-    "xpu": lambda e: (e["score"], len(e["used"])),
-    "place": lambda e: e["score"],
-}
+
+def _levels(verdicts: dict[str, NodeVerdict], fitting: Iterable[tuple[Any, str]]) -> None:
+    """Fitting nodes in the policy's order (best first) → verdicts with their dense rank (one shared
+    verdict object per rank: a 5,000-node answer builds a handful, not 5,000)."""
+    level, previous = -1, object()
+    verdict = NodeVerdict(True)
+    for key, name in fitting:
+        if key != previous:
+            level, previous = level + 1, key
+            verdict = NodeVerdict(True, level=level)
+        verdicts[name] = verdict
 
 
 def judge(ask: PodAsk, names: Sequence[str], nodes: Sequence[FleetNode],
           allocated: Mapping[str, frozenset[int]]) -> Judgement:
-    """Every name's verdict under the pod's policy, through ``planner.fleet.evaluate``."""
+    """Every name's verdict under the pod's policy, through ``planner.fleet.evaluate``: the nodes it
+    ranks as fitting pass, in its order; the others fail with its reason."""
     policy = ask.policy
     assert policy is not None
     known = {n.name for n in nodes}
@@ -357,31 +379,37 @@ def judge(ask: PodAsk, names: Sequence[str], nodes: Sequence[FleetNode],
         raise ExtenderError("invalid_pod", f"{policy}: {exc.message}") from exc
     for s in ev.skipped:
         verdicts[s.name] = NodeVerdict(False, f"memtopo {policy}: {s.reason}", True)
-    if ev.doc is None:
-        return Judgement(ask, verdicts)
-    key = _KEY[policy]
-    name_key = "node" if policy == "place" else "name"
-    per_pod = ev.doc.get("npus_per_pod", 0)
-    fitting: list[tuple[Any, str, Mapping[str, Any]]] = []
-    for entry in ev.doc["nodes"]:
-        name = entry[name_key]
-        if entry["fits"]:
-            fitting.append((key(entry), name, entry))
-            continue
-        reason = entry.get("reason", "does not fit")
-        if policy == "place":
-            reason = f"{entry.get('constraint', 'topology')}: {reason}"
-        # hccs: fewer healthy NPUs than the pod asks is for good; busy ones preemption may free.
-        # xpu: every XPU of a P800 node is usable once freed. place: the node's topology as a whole.
-        unresolvable = policy == "place" or (policy == "hccs" and entry.get("capacity", 0) < per_pod)
-        verdicts[name] = NodeVerdict(False, f"memtopo {policy}: {reason}", unresolvable)
-    fitting.sort(key=lambda t: t[0], reverse=True)
-    level, previous = -1, object()
-    for k, name, entry in fitting:
-        if k != previous:
-            level, previous = level + 1, k
-        verdicts[name] = NodeVerdict(True, level=level, entry=entry)
-    return Judgement(ask, verdicts)
+    d = ev.decision
+    tag = f"memtopo {policy}: "
+    failed: dict[tuple[str, bool], NodeVerdict] = {}  # nodes that fail alike share one verdict
+
+    def fail(reason: str, unresolvable: bool) -> NodeVerdict:
+        v = failed.get((reason, unresolvable))
+        if v is None:
+            v = failed[(reason, unresolvable)] = NodeVerdict(False, tag + reason, unresolvable)
+        return v
+
+    if isinstance(d, hccs.Decision):
+        # Fewer healthy NPUs than the pod asks is for good; busy ones preemption may free.
+        for node, fit in zip(d.ranked, d.fits, strict=True):
+            if fit.score is None:
+                verdicts[node.name] = fail(fit.reason or "", node.capacity < d.per_pod)
+        _levels(verdicts, ((fit.score, node.name) for node, fit in zip(d.ranked, d.fits, strict=True)
+                           if fit.score is not None))
+    elif isinstance(d, xpu.Decision):
+        # Every XPU of a P800 node is usable once freed: a node that does not fit now is resolvable.
+        for xnode, outcome in zip(d.ranked, d.outcomes, strict=True):
+            if not outcome.devices:
+                verdicts[xnode.name] = fail(outcome.reason or "", False)
+        _levels(verdicts, (((outcome.score, xnode.occupancy.bit_count()), xnode.name)
+                           for xnode, outcome in zip(d.ranked, d.outcomes, strict=True) if outcome.devices))
+    elif isinstance(d, place.FleetDecision):
+        # place weighs the node's topology as a whole, not what runs on it: no preemption helps.
+        for r in d.rejected:
+            verdicts[r.node] = fail(f"{r.constraint}: {r.reason}", True)
+        # The score place prints (rounded to 6 digits) is the one its order is read by.
+        _levels(verdicts, ((round(p.intra_node_fitness, 6), p.node) for p in d.ranked))
+    return Judgement(ask, verdicts, d)
 
 
 # ---- the extender ------------------------------------------------------------------------------------
@@ -444,8 +472,9 @@ class Extender:
         self.ledger = DeviceLedger()
         self.views: tuple[DeviceUseView, ...] = (self.ledger, *views)
         self.refresh_s = refresh_s
-        # node → (the snapshot bytes it was derived from, policy → DeviceView or unusable reason).
-        self._derived: dict[str, tuple[bytes, dict[str, DeviceView | str]]] = {}
+        # node → (the snapshot bytes it was derived from, link up, its FleetNode carrying the views:
+        # policy → DeviceView or unusable reason, filled per policy on first use).
+        self._derived: dict[str, tuple[bytes, bool, FleetNode]] = {}
         self._bind_lock = asyncio.Lock()
         self.last_refresh: float | None = None
 
@@ -529,12 +558,12 @@ class Extender:
             if ask.policy is not None:
                 judgement = await self._judge_names(ask, [node])
                 verdict = judgement.verdicts[node]
-                if not verdict.fits:
+                pick = judgement.pick(node)
+                if not verdict.fits or pick is None:
                     raise ExtenderError("no_fit", f"bind: {node} no longer fits pod {namespace}/{name}: "
                                                   f"{verdict.reason}")
-                assert verdict.entry is not None
-                annotations = _annotations(ask, node, verdict.entry)
-                allocation = _allocation(ask, node, verdict.entry)
+                annotations = _annotations(node, pick)
+                allocation = _allocation(node, pick)
                 if allocation is not None:
                     self.ledger.record(key, allocation)
             try:
@@ -578,23 +607,26 @@ class Extender:
         policy = ask.policy
         assert policy is not None
         nodes: list[FleetNode] = []
+        derived = self._derived
         for name, (connected, payload) in held:
             if payload is None:
                 nodes.append(FleetNode(name, None, connected))
             elif policy == "place":
+                # place reads the whole topology; parsed per call (a parsed topology is several times
+                # its wire size, too much to keep for every node of a large fleet).
                 nodes.append(FleetNode(name, pb.MemoryTopology.FromString(payload), connected))
             else:
-                nodes.append(FleetNode(name, None, connected, self._views_of(name, payload, policy)))
+                cached = derived.get(name)
+                if cached is None or cached[0] is not payload or cached[1] != connected:
+                    views = cached[2].views if cached is not None and cached[0] is payload else {}
+                    cached = derived[name] = (payload, connected, FleetNode(name, None, connected, views))
+                fleet_node = cached[2]
+                views = fleet_node.views
+                assert isinstance(views, dict)
+                if policy not in views:
+                    views[policy] = fleet_policies.device_view(policy, pb.MemoryTopology.FromString(payload))
+                nodes.append(fleet_node)
         return judge(ask, names, nodes, allocated)
-
-    def _views_of(self, name: str, payload: bytes, policy: str) -> Mapping[str, DeviceView | str]:
-        cached = self._derived.get(name)
-        if cached is None or cached[0] is not payload:
-            cached = self._derived[name] = (payload, {})
-        views = cached[1]
-        if policy not in views:
-            views[policy] = fleet_policies.device_view(policy, pb.MemoryTopology.FromString(payload))
-        return views
 
     # ---- the ledger's refresh -------------------------------------------------------------------
     async def refresh_once(self) -> None:
@@ -617,26 +649,25 @@ class Extender:
             await asyncio.sleep(self.refresh_s)
 
 
-def _allocation(ask: PodAsk, node: str, entry: Mapping[str, Any]) -> Allocation | None:
-    if ask.policy == "hccs":
-        return Allocation(node, NPU_RESOURCE, tuple(entry["npus"]))
-    if ask.policy == "xpu":
-        return Allocation(node, XPU_RESOURCE, tuple(entry["devices"]))
+def _allocation(node: str, pick: Pick) -> Allocation | None:
+    if isinstance(pick, hccs.NodeResult):
+        return Allocation(node, NPU_RESOURCE, pick.npus)
+    if isinstance(pick, xpu.NodeResult):
+        return Allocation(node, XPU_RESOURCE, pick.outcome.devices)
     return None
 
 
-def _annotations(ask: PodAsk, node: str, entry: Mapping[str, Any]) -> dict[str, str]:
+def _annotations(node: str, pick: Pick) -> dict[str, str]:
     """What the device plugin reads (hccs: ``huawei.com/Ascend910``; xpu: ``BAIDU_COM_DEVICE_IDX``),
     plus memtopo's own record of the devices (or, for place, of the placement)."""
-    allocation = _allocation(ask, node, entry)
-    if ask.policy == "hccs":
+    allocation = _allocation(node, pick)
+    if isinstance(pick, hccs.NodeResult):
         assert allocation is not None
-        return {hccs.ANNOTATION_KEY: entry["annotation"][hccs.ANNOTATION_KEY],
-                ALLOCATION_ANNOTATION: allocation.to_annotation()}
-    if ask.policy == "xpu":
+        return {hccs.ANNOTATION_KEY: pick.annotation, ALLOCATION_ANNOTATION: allocation.to_annotation()}
+    if isinstance(pick, xpu.NodeResult):
         assert allocation is not None
         return {XPU_ANNOTATION: ",".join(map(str, allocation.ids)), ALLOCATION_ANNOTATION: allocation.to_annotation()}
-    return {PLACEMENT_ANNOTATION: json.dumps(entry.get("decision", {}), separators=(",", ":"))}
+    return {PLACEMENT_ANNOTATION: json.dumps(pick.to_json(), separators=(",", ":"))}
 
 
 def install(routes: Routes, state: ControllerState) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Final
 from memtopo.v1 import topology_pb2 as pb
 from planner import hccs, place, xpu
 from planner.errors import PlanError, unsatisfiable
-from planner.request import as_object, get_int, get_int_list, get_list, parse_json, reject_unknown
+from planner.request import as_object, get_bool, get_int, get_int_list, get_list, parse_json, reject_unknown
 
 POLICIES: Final = ("hccs", "xpu", "place")
 FLEET_KEYS: Final = ("node_names", "allocated")
@@ -108,9 +108,13 @@ def _selected(obj: Mapping[str, Any], nodes: Sequence[FleetNode]) -> list[FleetN
     wanted = get_list(obj, "node_names")
     by_name = {n.name: n for n in nodes}
     out: list[FleetNode] = []
+    seen: set[str] = set()
     for name in wanted:
         if not isinstance(name, str) or name not in by_name:
             raise PlanError("invalid_request", f"node_names: {name!r} is not a node the controller holds")
+        if name in seen:
+            raise PlanError("invalid_request", f"node_names: {name!r} appears twice")
+        seen.add(name)
         out.append(by_name[name])
     return out
 
@@ -142,35 +146,40 @@ def device_view(policy: str, topo: pb.MemoryTopology) -> DeviceView | str:
         return str(exc)
 
 
-def _hccs_node(name: str, view: DeviceView, allocated: frozenset[int]) -> dict[str, Any]:
-    return {"name": name, "available": [i for i in view.idle if i not in allocated], "capacity": len(view.healthy)}
+def _hccs_node(name: str, view: DeviceView, allocated: frozenset[int]) -> hccs.Node:
+    available = view.idle if not allocated else tuple(i for i in view.idle if i not in allocated)
+    return hccs.Node(name, available, len(view.healthy))
 
 
-def _xpu_node(name: str, view: DeviceView, allocated: frozenset[int]) -> dict[str, Any]:
-    return {"name": name, "used": sorted(allocated)}
+def _xpu_node(name: str, view: DeviceView, allocated: frozenset[int]) -> xpu.Node:
+    mask = 0
+    for i in allocated:
+        mask |= 1 << i
+    return xpu.Node(name, mask)
 
 
-_NODE_OF: Final = {"hccs": _hccs_node, "xpu": _xpu_node}
-# The device policies: each has REQUEST_KEYS, check_request, parse_request and decide.
+Decision = hccs.Decision | xpu.Decision | place.FleetDecision
+# The device policies: each has REQUEST_KEYS, check_request, rank and decide_ranked.
 _MODULE: Final = {"hccs": hccs, "xpu": xpu}
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Every node's verdict under one policy: ``doc`` is the policy's ranking as JSON (its ``nodes``
-    carry ``fits``, the score and a reason; ``chosen`` may be empty), None when no node was usable;
-    ``error`` is what ``decide`` raises (the request cannot be placed), None when it can."""
+    """Every node's verdict under one policy: ``decision`` is the policy's ranking (every node with
+    its fit, score or reason; its chosen may be empty), None when no node was usable; ``error`` is
+    what ``decide`` raises (the request cannot be placed), None when it can."""
 
     policy: str
-    doc: dict[str, Any] | None
+    decision: Decision | None
     skipped: tuple[Skipped, ...]
     error: PlanError | None
 
     def to_json(self) -> dict[str, Any]:
+        """The decision as ``memtopo controller place`` prints it; the PlanError when there is none."""
         if self.error is not None:
             raise self.error
-        assert self.doc is not None
-        return {**self.doc, "skipped": [s.to_json() for s in self.skipped]}
+        assert self.decision is not None
+        return {**self.decision.to_json(), "skipped": [s.to_json() for s in self.skipped]}
 
 
 def evaluate(policy: str, request: Any, nodes: Sequence[FleetNode]) -> Evaluation:
@@ -213,10 +222,39 @@ def evaluate(policy: str, request: Any, nodes: Sequence[FleetNode]) -> Evaluatio
             error = unsatisfiable("no node can take the allocation",
                                   (f"{r.node}: {r.constraint}: {r.reason}" for r in fleet.rejected),
                                   len(fleet.rejected))
-        return Evaluation(policy, fleet.to_json(), tuple(skipped), error)
+        return Evaluation(policy, fleet, tuple(skipped), error)
 
-    listed: list[dict[str, Any]] = []
-    make = _NODE_OF[policy]
+    # The derived nodes are valid by construction (ids 0–7 from the topology, allocations checked
+    # above, names unique): they go to the policy's ranking without its JSON parser.
+    decision: hccs.Decision | xpu.Decision
+    if policy == "hccs":
+        hnodes = [_hccs_node(n.name, v, allocated.get(n.name, _NONE))
+                  for n, v in _views(policy, usable, skipped)]
+        if not hnodes:
+            return Evaluation(policy, None, tuple(skipped), _empty(policy, skipped))
+        decision = hccs.rank(hccs.Request(hccs.check_request(get_int(body, "request")), tuple(hnodes)))
+    else:
+        xnodes = [_xpu_node(n.name, v, allocated.get(n.name, _NONE)) for n, v in _views(policy, usable, skipped)]
+        if not xnodes:
+            return Evaluation(policy, None, tuple(skipped), _empty(policy, skipped))
+        decision = xpu.rank(xpu.Request(xpu.check_request(get_int(body, "request")), tuple(xnodes),
+                                        get_bool(body, "cross_half_fallback", False)))
+    error = None
+    try:
+        if isinstance(decision, hccs.Decision):
+            hccs.decide_ranked(decision)
+        else:
+            xpu.decide_ranked(decision)
+    except PlanError as exc:
+        error = exc
+    return Evaluation(policy, decision, tuple(skipped), error)
+
+
+_NONE: Final[frozenset[int]] = frozenset()
+
+
+def _views(policy: str, usable: Sequence[FleetNode], skipped: list[Skipped]) -> list[tuple[FleetNode, DeviceView]]:
+    out: list[tuple[FleetNode, DeviceView]] = []
     for node in usable:
         view = node.views.get(policy) if node.views is not None else None
         if view is None:
@@ -225,19 +263,8 @@ def evaluate(policy: str, request: Any, nodes: Sequence[FleetNode]) -> Evaluatio
         if isinstance(view, str):
             skipped.append(Skipped(node.name, view))
         else:
-            listed.append(make(node.name, view, allocated.get(node.name, frozenset())))
-    # The policy's own parser checks request size and the derived nodes alike.
-    body["nodes"] = listed
-    if not listed:
-        return Evaluation(policy, None, tuple(skipped), _empty(policy, skipped))
-    device = _MODULE[policy]  # place has returned above
-    decision = device.rank(device.parse_request(body))
-    error = None
-    try:
-        device.decide_ranked(decision)
-    except PlanError as exc:
-        error = exc
-    return Evaluation(policy, decision.to_json(), tuple(skipped), error)
+            out.append((node, view))
+    return out
 
 
 def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, Any]:
