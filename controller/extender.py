@@ -477,9 +477,9 @@ def _candidate_nodes(args: Mapping[str, Any]) -> _Nodes:
 
 
 def _checked_names(names: list[str]) -> list[str]:
-    for n in names:
-        if not n or len(n) > MAX_NAME:
-            raise ExtenderError("invalid_request", f"node name {_excerpt(n)!r} is not a node name")
+    if names and (not all(names) or max(map(len, names)) > MAX_NAME):
+        bad = next(n for n in names if not n or len(n) > MAX_NAME)
+        raise ExtenderError("invalid_request", f"node name {_excerpt(bad)!r} is not a node name")
     return names
 
 

@@ -202,6 +202,8 @@ def test_a_pod_asking_nothing_memtopo_places_passes_through() -> None:
     (b'{"NodeNames": ["a"]}', "Pod is missing"),
     (b'{"Pod": {}, "NodeNames": "a"}', "NodeNames is not a list"),
     (b'{"Pod": {}}', "neither NodeNames nor Nodes"),
+    (b'{"Pod": {}, "NodeNames": ["ok", ""]}', "is not a node name"),
+    (b'{"Pod": {}, "NodeNames": ["' + b"n" * 300 + b'"]}', "is not a node name"),
     (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}', "has no metadata.name"),
     (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"huawei.com/Ascend910": "3"}}}]}}, '
      b'"NodeNames": ["free"]}', "not 3"),
