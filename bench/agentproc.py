@@ -249,8 +249,9 @@ class ControllerProcess:
         return self._proc.pid
 
     def start(self) -> None:
-        self._proc = _Drained([sys.executable, "-m", "agent.cli", "controller", "serve", "--listen", self.address],
-                              None, self._on_line)
+        # --http '': the default HTTP port is one per machine, and benchmarks run beside other controllers.
+        self._proc = _Drained([sys.executable, "-m", "agent.cli", "controller", "serve", "--listen", self.address,
+                               "--http", ""], None, self._on_line)
         deadline = time.monotonic() + START_TIMEOUT_S
         with grpc.insecure_channel(self.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)

@@ -278,3 +278,18 @@ def test_http_listener_addresses_are_checked() -> None:
         finally:
             await running.stop(0)
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["serve", "--listen", "127.0.0.1:0", "--http", "0.0.0.0:0"], "plaintext HTTP is only served on loopback"),
+    (["serve", "--listen", "127.0.0.1:0", "--http-tls-cert", "x.pem"], "--http-tls-cert and --http-tls-key"),
+    (["serve", "--listen", "127.0.0.1:0", "--http-tls-cert", "/nonexistent/c.pem", "--http-tls-key", "/nonexistent/k"],
+     "cannot load"),
+    (["serve", "--listen", "127.0.0.1:0", "--kube-api", "ftp://api"], "--kube-api"),
+    (["serve", "--listen", "127.0.0.1:0", "--kube-refresh", "0"], "--kube-refresh"),
+])
+def test_cli_http_options_are_checked(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from controller import cli
+
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert fragment in capsys.readouterr().err
