@@ -9,6 +9,8 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller import http
 from controller.http import HttpError, HttpServer, Request, Response, Routes, StreamResponse, sse_event
@@ -293,3 +295,19 @@ def test_cli_http_options_are_checked(argv: list[str], fragment: str, capsys: py
 
     assert cli.main(argv) == cli.EXIT_USAGE
     assert fragment in capsys.readouterr().err
+
+
+_HEAD_LINES = [b"GET / HTTP/1.1", b"POST /x HTTP/1.0", b"Host: a", b"Content-Length: 5",
+               b"Content-Length: 99999999999999", b"Transfer-Encoding: chunked", b"Connection: close",
+               b": empty name", b"X: \xff\xfe", b"", b"GET  HTTP/1.1", b"get / HTTP/2"]
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.binary(max_size=300)
+       | st.builds(lambda parts: b"\r\n".join(parts), st.lists(st.sampled_from(_HEAD_LINES), max_size=8)))
+def test_any_request_head_parses_or_is_an_http_error(raw: bytes) -> None:
+    try:
+        head = http._parse_head(raw)
+        http._content_length(head.headers)
+    except HttpError as exc:
+        assert 400 <= exc.status < 600 and exc.message

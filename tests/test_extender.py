@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from fractions import Fraction
+from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -549,3 +550,42 @@ def test_prioritize_ranks_among_the_nodes_it_is_given_and_follows_fleet_changes(
         now = {h["Host"]: h["Score"] for h in await call(port, "prioritize", names_args(npu_pod(1), names))}
         assert now[best] == 0 and max(now.values()) == 10
     with_fleet(nodes, body)
+
+
+_args = st.dictionaries(st.sampled_from(["Pod", "pod", "Nodes", "NodeNames", "nodenames", "PodName", "Node",
+                                          "PodNamespace", "Other"]), _pods, max_size=4)
+
+
+@settings(deadline=None, max_examples=200)
+@given(_args, st.sampled_from(["filter", "prioritize", "bind"]))
+def test_any_json_to_any_verb_is_an_answer_or_an_error_never_a_failure(args: dict[str, Any], verb: str) -> None:
+    from controller.fleet import Fleet as ControllerFleet
+    from controller.http import Request
+    from controller.metrics import ControllerMetrics
+    from controller.state import ControllerState
+
+    async def main() -> Any:
+        f = ControllerFleet()
+        c = f.connect(Hello("free", "inst-free"), "stand-in-peer")
+        f.snapshot(c.session, _free910())
+        extender = ext.Extender(ControllerState(f, ControllerMetrics()))
+        handler = extender._handler(verb, getattr(extender, verb))
+        resp = await handler(Request("POST", f"/scheduler/{verb}", {}, {}, json.dumps(args).encode(), "test"))
+        assert resp.status == 200
+        return json.loads(resp.body)
+
+    answer = asyncio.run(main())
+    if isinstance(answer, dict) and answer.get("Error"):
+        assert "internal" not in answer["Error"], answer
+    elif verb == "prioritize":
+        assert isinstance(answer, list) and all(set(h) == {"Host", "Score"} for h in answer)
+    else:
+        assert verb == "filter" and answer["Error"] == ""
+
+
+@cache
+def _free910() -> pb.MemoryTopology:
+    t = node("910", "free").topology
+    assert t is not None
+    return t
+
