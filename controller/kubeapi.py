@@ -17,9 +17,7 @@ import contextlib
 import json
 import os
 import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -111,6 +109,10 @@ class KubeApi:
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
               ) -> dict[str, Any]:
+        # Here, not at the top: `memtopo --help` imports this module through the controller's CLI.
+        import urllib.error
+        import urllib.request
+
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.server + path, data=data, method=method)  # noqa: S310 - http(s) only
         req.add_header("Accept", "application/json")

@@ -18,7 +18,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -38,16 +38,18 @@ from controller.fleet import (
     Reply,
     RequestSnapshot,
 )
-from controller.http import HttpServer, Routes
-from controller.kubeapi import PodApi
-from controller.metrics import ControllerMetrics
-from controller.routes import install_routes
-from controller.state import ControllerState
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from planner.fleet import FleetNode, decide_json
+
+if TYPE_CHECKING:
+    # The HTTP side (prometheus_client, the extender and the planners, urllib) is imported when a
+    # controller starts, not by every command that imports this module (`memtopo --help`).
+    from controller.http import HttpServer
+    from controller.kubeapi import PodApi
+    from controller.state import ControllerState
 
 log = structlog.get_logger()
 
@@ -463,6 +465,9 @@ async def start_http(state: ControllerState, address: str, ssl_context: ssl.SSLC
     if ssl_context is None and not insecure and not is_loopback(address):
         raise ControllerConfigError(f"--http {address}: plaintext HTTP is only served on loopback; give "
                                     "--http-tls-cert/--http-tls-key (or --http-insecure behind a trusted network)")
+    from controller.http import HttpServer, Routes
+    from controller.routes import install_routes
+
     table = Routes()
     install_routes(table, state)
     server = HttpServer(table, observer=state.metrics.observe_http)
@@ -495,6 +500,9 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     check_address(listen)
     if credentials is None and not is_loopback(listen):
         raise ControllerConfigError(f"{listen}: plaintext is only served on loopback; give TLS credentials")
+    from controller.metrics import ControllerMetrics
+    from controller.state import ControllerState
+
     metrics = ControllerMetrics()
     fleet = Fleet()
     metrics.watch(fleet)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from controller.fleet import Fleet
-from controller.kubeapi import PodApi
-from controller.metrics import ControllerMetrics
+if TYPE_CHECKING:
+    from controller.fleet import Fleet
+    from controller.kubeapi import PodApi
+    from controller.metrics import ControllerMetrics
 
 # Changed node names remembered for ``Changes.since``; a watcher further behind reloads everything.
 CHANGE_HISTORY: Final = 4096
