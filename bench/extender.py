@@ -102,10 +102,20 @@ class Controller:
     def hold(self, topologies: list[pb.MemoryTopology]) -> None:
         async def fill() -> None:
             f = self.running.fleet
+            changes = self.running.state.changes
             for t in topologies:
                 c = f.connect(Hello(t.node_name, f"inst-{t.node_name}"), "bench")
                 f.snapshot(c.session, t)
+                changes.bump(t.node_name)  # as the agent link's handler does
         self.call(fill())
+
+    def warmed(self, n: int, timeout: float = 300.0) -> float:
+        """Seconds until the extender derived the device views of ``n`` nodes in the background."""
+        start = time.perf_counter()
+        derived = self.running.state.extender._derived
+        while len(derived) < n and time.perf_counter() - start < timeout:
+            time.sleep(0.05)
+        return time.perf_counter() - start
 
     def new_cycle(self) -> None:
         """What happens between two pods in a cluster (a bind, an agent's new snapshot): the state the
@@ -167,7 +177,9 @@ def run(policy: str, nodes: int, iterations: int) -> list[dict[str, Any]]:
         def baseline() -> Any:
             return fleet.evaluate(policy, request, viewed)
 
-        # Warm-up: the first call derives each node's device view once (cached by snapshot after).
+        # The controller derives each node's device views as its snapshot arrives (off the loop);
+        # the first filter then finds them (place: nothing to derive, it parses per call).
+        warm = ctl.warmed(nodes) if policy != "place" else 0.0
         cold = _time(verb("filter"))[0]
         verb("prioritize")()
         baseline()
@@ -197,6 +209,7 @@ def run(policy: str, nodes: int, iterations: int) -> list[dict[str, Any]]:
                          "base_p50_ms": statistics.median(base_wall) * 1e3,
                          "base_p99_ms": _percentile(base_wall, 0.99) * 1e3,
                          "base_cpu_ms": statistics.median(base_cpu) * 1e3, "cold_filter_ms": cold * 1e3,
+                         "warm_s": warm,
                          "place_p50_ms": statistics.median(w for w, _ in samples["place"]) * 1e3})
         conn.close()
         return rows
@@ -230,8 +243,9 @@ def main() -> int:
               f"{ratio:9.2f} {cpu_ratio:9.2f} {r['place_p50_ms']:9.1f}  {'ok' if meets else 'MISSED'}")
     print(f"targets: p99 ≤ {TARGET_P99_S * 1e3:.0f} ms per verb, p99 ratio ≤ {TARGET_RATIO}; cpu = median CPU "
           "time of the whole process per call (load-independent); ctl place = p50 of what `memtopo controller "
-          "place` computes; first filter after start (views derived): "
-          + ", ".join(f"{r['policy']} {r['cold_filter_ms']:.0f} ms" for r in rows[::3]))
+          "place` computes; views derived in the background after the 5,000 snapshots arrived, then the "
+          "first filter: "
+          + ", ".join(f"{r['policy']} {r['warm_s']:.1f} s, {r['cold_filter_ms']:.0f} ms" for r in rows[::3]))
     load = os.getloadavg()
     print(f"load average during the run: {load[0]:.1f} on {os.cpu_count()} CPUs")
     return 0 if ok else 1

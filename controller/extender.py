@@ -29,7 +29,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final, Protocol
@@ -641,14 +641,51 @@ class Extender:
                 append(FleetNode(name, pb.MemoryTopology.FromString(payload), connected))
             else:
                 cached = derived.get(name)
-                if cached is None or cached[0] is not payload or cached[1] != connected:
-                    views: dict[str, DeviceView | str] = (cached[3] if cached is not None and cached[0] is payload
-                                                          else {})
-                    cached = derived[name] = (payload, connected, FleetNode(name, None, connected, views), views)
-                if policy not in cached[3]:
-                    cached[3][policy] = fleet_policies.device_view(policy, pb.MemoryTopology.FromString(payload))
-                append(cached[2])
+                if cached is not None and cached[0] is payload and cached[1] == connected and policy in cached[3]:
+                    append(cached[2])
+                else:
+                    append(self._derive(name, connected, payload, (policy,)))
         return judge(ask, nodes, allocated, unknown)
+
+    def _derive(self, name: str, connected: bool, payload: bytes, policies: Sequence[str]) -> FleetNode:
+        """The node's FleetNode with the device views of ``policies``, from the cache when its
+        snapshot (the bytes object) and link state are the ones the cache holds."""
+        cached = self._derived.get(name)
+        if cached is None or cached[0] is not payload or cached[1] != connected:
+            views: dict[str, DeviceView | str] = cached[3] if cached is not None and cached[0] is payload else {}
+            cached = self._derived[name] = (payload, connected, FleetNode(name, None, connected, views), views)
+        missing = [p for p in policies if p not in cached[3]]
+        if missing:
+            topo = pb.MemoryTopology.FromString(payload)
+            for p in missing:
+                cached[3][p] = fleet_policies.device_view(p, topo)
+        return cached[2]
+
+    async def warm_forever(self, batch: int = 512) -> None:
+        """Derive the device views of nodes whose snapshot changed as they arrive, off the loop, so the
+        first filter after a start (or after a fleet-wide rescan) does not pay for thousands of them."""
+        changes = self.state.changes
+        seen = 0
+        while True:
+            now = await changes.wait(seen)
+            changed = changes.since(seen)
+            seen = now
+            fleet = self.state.fleet
+            names = [n.node_name for n in fleet.nodes()] if changed is None else sorted(changed)
+            for i in range(0, len(names), batch):
+                held, _ = fleet.held_many(names[i:i + batch])
+                todo = [(n, c, p) for n, c, p in held if p is not None]
+                if todo:
+                    await asyncio.to_thread(self._warm, todo)
+
+    def _warm(self, held: Sequence[tuple[str, bool, bytes | None]]) -> None:
+        for name, connected, payload in held:
+            if payload is None:
+                continue
+            try:
+                self._derive(name, connected, payload, tuple(_DEVICE_RESOURCE))
+            except Exception:  # a bad snapshot is the filter's to report, not the warmer's to die of
+                log.exception("extender_warm_failed", node=name)
 
     # ---- the ledger's refresh -------------------------------------------------------------------
     async def refresh_once(self) -> None:
@@ -693,12 +730,17 @@ def _annotations(node: str, pick: Pick) -> dict[str, str]:
 
 
 def install(routes: Routes, state: ControllerState) -> None:
-    """Register the verbs; with an API server in ``state.kube``, start the ledger's refresh."""
+    """Register the verbs and start deriving device views as snapshots arrive; with an API server in
+    ``state.kube``, also the ledger's refresh."""
     extender = Extender(state, state.kube, refresh_s=state.kube_refresh_s)
     extender.install(routes)
     state.extender = extender
+    loop = asyncio.get_running_loop()
+    jobs: list[tuple[str, Coroutine[Any, Any, None]]] = [("extender-warm", extender.warm_forever())]
     if state.kube is not None:
-        task = asyncio.get_running_loop().create_task(extender.refresh_forever(), name="extender-refresh")
+        jobs.append(("extender-refresh", extender.refresh_forever()))
+    for name, job in jobs:
+        task = loop.create_task(job, name=name)
         state.tasks.add(task)
         task.add_done_callback(state.tasks.discard)
 

@@ -589,3 +589,24 @@ def _free910() -> pb.MemoryTopology:
     assert t is not None
     return t
 
+
+
+def test_device_views_are_derived_as_snapshots_arrive_not_at_the_first_filter() -> None:
+    async def body(running: RunningController, port: int) -> None:
+        extender: ext.Extender = running.state.extender
+        assert extender._derived == {}
+        hold(running, [node("910", "n1"), node("p800", "x1")])
+        running.state.changes.bump("n1")
+        running.state.changes.bump("x1")
+        for _ in range(200):
+            if {"n1", "x1"} <= extender._derived.keys() and all(len(v[3]) == 2 for v in extender._derived.values()):
+                break
+            await asyncio.sleep(0.05)
+        views = {name: cached[3] for name, cached in extender._derived.items()}
+        assert isinstance(views["n1"]["hccs"], fleet.DeviceView) and "not an 8-XPU node" in str(views["n1"]["xpu"])
+        assert isinstance(views["x1"]["xpu"], fleet.DeviceView) and "not an 8-NPU node" in str(views["x1"]["hccs"])
+        # The filter then uses them as they are (the same objects).
+        before = extender._derived["n1"][2]
+        assert (await call(port, "filter", names_args(npu_pod(8), ["n1", "x1"])))["NodeNames"] == ["n1"]
+        assert extender._derived["n1"][2] is before
+    with_fleet([], body)
