@@ -486,7 +486,6 @@ class Extender:
         # policy → DeviceView or unusable reason, filled per policy on first use).
         self._derived: dict[str, tuple[bytes, bool, FleetNode, dict[str, DeviceView | str]]] = {}
         self._bind_lock = asyncio.Lock()
-        self.last_refresh: float | None = None
         # The last judgement, for the prioritize that follows a filter of the same pod: (what it
         # depends on, the names it covers, it). Valid while the fleet and the ledger are unchanged.
         self._last: tuple[tuple[Any, ...], frozenset[str], Judgement] | None = None
@@ -524,7 +523,7 @@ class Extender:
 
     # ---- verbs ----------------------------------------------------------------------------------
     async def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        _, nodes, judgement = await self._judge(args)
+        ask, nodes, judgement = await self._judge(args)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         passing: list[int] = []
@@ -534,6 +533,8 @@ class Extender:
                 passing.append(i)
             else:
                 (unresolvable if v.unresolvable else failed)[name] = v.reason
+        log.debug("extender_filtered", policy=ask.policy if ask else None, why=ask.why if ask else None,
+                  nodes=len(nodes.names), passing=len(passing), unresolvable=len(unresolvable))
         out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if nodes.items is None:
             out["NodeNames"] = [nodes.names[i] for i in passing]
@@ -695,7 +696,7 @@ class Extender:
         started = self.ledger._clock()
         pods = await asyncio.to_thread(api.bound_pods)
         self.ledger.replace(pods, started)
-        self.last_refresh = time.time()
+        log.debug("extender_ledger_refreshed", pods=len(pods), ledger_version=self.ledger.version)
 
     async def refresh_forever(self) -> None:
         while True:
