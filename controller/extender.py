@@ -523,7 +523,7 @@ class Extender:
 
     # ---- verbs ----------------------------------------------------------------------------------
     async def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        ask, nodes, judgement = await self._judge(args)
+        _, nodes, judgement = await self._judge(args)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         passing: list[int] = []
@@ -533,8 +533,6 @@ class Extender:
                 passing.append(i)
             else:
                 (unresolvable if v.unresolvable else failed)[name] = v.reason
-        log.debug("extender_filtered", policy=ask.policy if ask else None, why=ask.why if ask else None,
-                  nodes=len(nodes.names), passing=len(passing), unresolvable=len(unresolvable))
         out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if nodes.items is None:
             out["NodeNames"] = [nodes.names[i] for i in passing]
@@ -589,7 +587,7 @@ class Extender:
             except KubeApiError as exc:
                 self.ledger.forget(key)
                 raise ExtenderError("api", f"bind: {namespace}/{name} → {node}: {exc}") from exc
-        log.info("extender_bound", pod=f"{namespace}/{name}", node=node, policy=ask.policy,
+        log.info("extender_bound", pod=f"{namespace}/{name}", node=node, policy=ask.policy, why=ask.why,
                  devices=annotations.get(ALLOCATION_ANNOTATION))
         return {"Error": ""}
 
