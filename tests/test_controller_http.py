@@ -311,3 +311,18 @@ def test_any_request_head_parses_or_is_an_http_error(raw: bytes) -> None:
         http._content_length(head.headers)
     except HttpError as exc:
         assert 400 <= exc.status < 600 and exc.message
+
+
+def test_the_cli_imports_none_of_the_http_side() -> None:
+    """`memtopo --help` imports the controller's CLI: the listener, the extender, prometheus_client
+    and urllib.request load when a controller starts, not before."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, controller.cli; "
+            "print(sorted(m for m in ('prometheus_client', 'urllib.request', 'controller.extender', "
+            "'controller.http', 'controller.metrics') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "[]"
