@@ -250,8 +250,9 @@ class ControllerProcess:
         return self._proc.pid
 
     def start(self) -> None:
+        # --http '': the default HTTP port is one per machine, and benchmarks run beside other controllers.
         self._proc = _Drained([sys.executable, "-m", "memtopo.cli", "controller", "serve",
-                               "--listen", self.address],
+                               "--listen", self.address, "--http", ""],
                               None, self._on_line)
         deadline = time.monotonic() + START_TIMEOUT_S
         with grpc.insecure_channel(self.address) as ch:

@@ -106,7 +106,8 @@ class Agent:
 async def run(args: argparse.Namespace, topo: pb.MemoryTopology) -> dict[str, float]:
     port = _free_port()
     addr = f"127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "controller", "serve", "--listen", addr], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "controller", "serve", "--listen", addr,
+                             "--http", ""], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     channels: list[grpc.aio.Channel] = []

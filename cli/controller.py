@@ -1,6 +1,8 @@
 """``memtopo controller``: run the reference controller, or ask a running one.
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
+                       [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F] [--http-insecure]]
+                       [--kube-api in-cluster|URL [--kube-refresh S]]
     memtopo controller nodes [--format text|json]
     memtopo controller topology NODE [--format text|json]
     memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
@@ -27,12 +29,19 @@ from typing import TYPE_CHECKING, Any
 
 from memtopo.cli import plan as plan_cli
 from memtopo.cli.output import error_document, fail
-from memtopo.controller.defaults import DEFAULT_LISTEN, DEFAULT_PLAN_TIMEOUT_S, MAX_MESSAGE_BYTES, MAX_PLAN_TIMEOUT_S
+from memtopo.controller.defaults import (
+    DEFAULT_HTTP,
+    DEFAULT_LISTEN,
+    DEFAULT_PLAN_TIMEOUT_S,
+    MAX_MESSAGE_BYTES,
+    MAX_PLAN_TIMEOUT_S,
+)
 from memtopo.planner.names import FLEET_POLICIES
 
 if TYPE_CHECKING:
     import grpc
 
+    from memtopo.controller.kubeapi import KubeApi
     from memtopo.v1 import agent_pb2 as apb
     from memtopo.v1 import plan_pb2 as planpb
 
@@ -121,6 +130,19 @@ def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     p.add_argument("--tls-key", default=default(""), help="server private key (PEM)")
     p.add_argument("--tls-client-ca", default=default(""),
                    help="CA for client certificates: every client (agent, operator) must present one")
+    p.add_argument("--http", default=default(DEFAULT_HTTP), metavar="ADDR",
+                   help=f"HTTP listener host:port for /healthz, /metrics, the scheduler extender (/scheduler/…) "
+                        f"and the fleet page (default {DEFAULT_HTTP}; '' disables); plaintext only on loopback")
+    p.add_argument("--http-tls-cert", default=default(""), help="HTTP listener certificate (PEM)")
+    p.add_argument("--http-tls-key", default=default(""), help="HTTP listener private key (PEM)")
+    p.add_argument("--http-insecure", action="store_true", default=default(False),  # type: ignore[arg-type]
+                   help="serve plaintext HTTP off loopback (only behind a network that is trusted)")
+    p.add_argument("--kube-api", default=default(""), metavar="in-cluster|URL",
+                   help="the Kubernetes API server the scheduler extender binds through and reads bound pods "
+                        "from: in-cluster (the pod's service account) or a URL such as kubectl proxy's "
+                        "http://127.0.0.1:8001 (default: none; bind then answers an Error)")
+    p.add_argument("--kube-refresh", type=float, default=default(10.0), metavar="S",  # type: ignore[arg-type]
+                   help="seconds between reads of the bound pods' device annotations (default 10)")
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -159,15 +181,42 @@ def _exits(fn: Command) -> Command:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from memtopo.controller.server import ControllerConfigError, serve_until_signalled, server_credentials
+    from memtopo.controller.server import (
+        ControllerConfigError,
+        http_ssl_context,
+        serve_until_signalled,
+        server_credentials,
+    )
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ControllerConfigError("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
         raise ControllerConfigError("--tls-client-ca needs --tls-cert and --tls-key")
     creds = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
-    asyncio.run(serve_until_signalled(args.listen, creds))
+    http_cert, http_key = getattr(args, "http_tls_cert", ""), getattr(args, "http_tls_key", "")
+    if bool(http_cert) != bool(http_key):
+        raise ControllerConfigError("--http-tls-cert and --http-tls-key go together")
+    http_ssl = http_ssl_context(http_cert, http_key) if http_cert else None
+    kube = _kube_api(getattr(args, "kube_api", ""))
+    refresh = float(getattr(args, "kube_refresh", 10.0))
+    if not 0.1 <= refresh <= 3600:
+        raise ControllerConfigError("--kube-refresh: 0.1 to 3600 seconds")
+    asyncio.run(serve_until_signalled(args.listen, creds, http=getattr(args, "http", DEFAULT_HTTP) or None,
+                                      http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False)),
+                                      kube=kube, kube_refresh_s=refresh))
     return EXIT_OK
+
+
+def _kube_api(value: str) -> KubeApi | None:
+    from memtopo.controller.kubeapi import KubeApi, KubeApiError
+    from memtopo.controller.server import ControllerConfigError
+
+    if not value:
+        return None
+    try:
+        return KubeApi.in_cluster() if value == "in-cluster" else KubeApi(value)
+    except KubeApiError as exc:
+        raise ControllerConfigError(f"--kube-api: {exc}") from exc
 
 
 # ---- clients -----------------------------------------------------------------------------------------

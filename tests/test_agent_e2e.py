@@ -144,7 +144,7 @@ class Controller:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        self.proc = memtopo("controller", "serve", "--listen", f"127.0.0.1:{self.port}")
+        self.proc = memtopo("controller", "serve", "--listen", f"127.0.0.1:{self.port}", "--http", "")
         with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
             hstub = health_pb2_grpc.HealthStub(ch)
             wait_for(lambda: hstub.Check(health_pb2.HealthCheckRequest(), timeout=1).status

@@ -929,7 +929,7 @@ def test_cli_serve_process_stops_cleanly_on_sigterm(capsys: pytest.CaptureFixtur
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "controller", "serve",
-                             "--listen", f"127.0.0.1:{port}"],
+                             "--listen", f"127.0.0.1:{port}", "--http", ""],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
