@@ -321,9 +321,9 @@ def test_the_cli_imports_none_of_the_http_side() -> None:
     import sys
     from pathlib import Path
 
-    code = ("import sys, controller.cli; "
-            "print(sorted(m for m in ('prometheus_client', 'urllib.request', 'controller.extender', "
-            "'controller.http', 'controller.metrics') if m in sys.modules))")
+    code = ("import sys, memtopo.cli.main; memtopo.cli.main.build_parser(); "
+            "print(sorted(m for m in ('prometheus_client', 'urllib.request', 'memtopo.controller.extender', "
+            "'memtopo.controller.http', 'memtopo.controller.metrics') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.strip() == "[]"
