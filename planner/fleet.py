@@ -190,3 +190,33 @@ def _empty(policy: str, skipped: Sequence[Skipped]) -> PlanError:
         return PlanError("unsatisfiable", f"no node the {policy} policy can use: the controller holds none")
     return unsatisfiable(f"no node the {policy} policy can use", (f"{s.name}: {s.reason}" for s in skipped),
                          len(skipped))
+
+
+def device_view(topo: pb.MemoryTopology, allocated: frozenset[int] = frozenset()) -> dict[str, Any] | None:
+    """What the hccs or xpu policy sees of one node, for display: derived exactly as ``decide`` derives
+    it (``allocated`` as there). None for a node with neither NPUs nor XPUs; ``unusable`` with the
+    reason for one the policy cannot use.
+
+    hccs: the available NPUs, the free count of each ring and, per pod size, the priority group
+    (A–D) the node falls into (None: the pod does not fit). xpu: the used XPUs and the node's MTF.
+    """
+    kinds = {a.kind for a in topo.accelerators}
+    name = topo.node_name
+    if pb.ACCELERATOR_KIND_NPU in kinds:
+        try:
+            node = _hccs_node(name, topo, allocated)
+        except _UnusableNodeError as exc:
+            return {"policy": "hccs", "unusable": str(exc)}
+        available: list[int] = node["available"]
+        rings = [sum(1 for i in available if i in half) for half in _HALVES]
+        fits = {str(size): hccs.group_of(size, rings[0], rings[1]) for size in (1, 2, 4, hccs.NODE_NPUS)}
+        return {"policy": "hccs", "available": available, "capacity": node["capacity"],
+                "ring_free": rings, "free_rings": sum(1 for r in rings if r == hccs.RING_NPUS), "groups": fits}
+    if pb.ACCELERATOR_KIND_XPU in kinds:
+        try:
+            used: list[int] = _xpu_node(name, topo, allocated)["used"]
+        except _UnusableNodeError as exc:
+            return {"policy": "xpu", "unusable": str(exc)}
+        occupancy = sum(1 << i for i in used)
+        return {"policy": "xpu", "used": used, "mtf": xpu.mtf(occupancy)}
+    return None
