@@ -1,6 +1,7 @@
 """``memtopo controller``: run the reference controller, or ask a running one.
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
+                       [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F] [--http-insecure]]
     memtopo controller nodes [--format table|json]
     memtopo controller topology NODE [--format text|json]
     memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
@@ -40,12 +41,14 @@ from agent.render import table
 from apply.errors import ApplyError
 from apply.planio import to_json as result_json
 from controller.server import (
+    DEFAULT_HTTP,
     DEFAULT_LISTEN,
     DEFAULT_PLAN_TIMEOUT_S,
     MAX_MESSAGE_BYTES,
     MAX_PLAN_TIMEOUT_S,
     ControllerConfigError,
     check_address,
+    http_ssl_context,
     open_pem,
     serve_until_signalled,
     server_credentials,
@@ -139,6 +142,13 @@ def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     p.add_argument("--tls-key", default=default(""), help="server private key (PEM)")
     p.add_argument("--tls-client-ca", default=default(""),
                    help="CA for client certificates: every client (agent, operator) must present one")
+    p.add_argument("--http", default=default(DEFAULT_HTTP), metavar="ADDR",
+                   help=f"HTTP listener host:port for /healthz, /metrics, the scheduler extender (/scheduler/…) "
+                        f"and the fleet page (default {DEFAULT_HTTP}; '' disables); plaintext only on loopback")
+    p.add_argument("--http-tls-cert", default=default(""), help="HTTP listener certificate (PEM)")
+    p.add_argument("--http-tls-key", default=default(""), help="HTTP listener private key (PEM)")
+    p.add_argument("--http-insecure", action="store_true", default=default(False),  # type: ignore[arg-type]
+                   help="serve plaintext HTTP off loopback (only behind a network that is trusted)")
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -178,7 +188,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.tls_client_ca and not args.tls_cert:
         raise ControllerConfigError("--tls-client-ca needs --tls-cert and --tls-key")
     creds = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
-    asyncio.run(serve_until_signalled(args.listen, creds))
+    http_cert, http_key = getattr(args, "http_tls_cert", ""), getattr(args, "http_tls_key", "")
+    if bool(http_cert) != bool(http_key):
+        raise ControllerConfigError("--http-tls-cert and --http-tls-key go together")
+    http_ssl = http_ssl_context(http_cert, http_key) if http_cert else None
+    asyncio.run(serve_until_signalled(args.listen, creds, http=getattr(args, "http", DEFAULT_HTTP) or None,
+                                      http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False))))
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ from controller.fleet import (
     Reply,
     RequestSnapshot,
 )
+from controller.http import HttpServer, Routes
+from controller.metrics import ControllerMetrics
+from controller.routes import install_routes
+from controller.state import ControllerState
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
@@ -46,6 +51,7 @@ from planner.fleet import FleetNode, decide_json
 log = structlog.get_logger()
 
 DEFAULT_LISTEN = "127.0.0.1:9470"
+DEFAULT_HTTP = "127.0.0.1:9471"
 DEFAULT_PLAN_TIMEOUT_S = 30
 MAX_PLAN_TIMEOUT_S = 3600
 # Plans are operator actions, few at a time; beyond this a node's link is not keeping up.
@@ -151,8 +157,9 @@ class _InFlight:
 class _Hub:
     """The fleet plus the live links and the plans awaiting results; shared by both services."""
 
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
+    def __init__(self, state: ControllerState) -> None:
+        self.state = state
+        self.fleet = state.fleet
         self.links: dict[int, _Link] = {}
         # node → (plan_id, dry_run) → in flight. Kept across link drops: a node that reconnects
         # before the submitter gives up gets the plan again (the agent answers a seen id from its store).
@@ -233,6 +240,7 @@ class ControllerService(apb_grpc.ControllerServicer):
         except ProtocolError as exc:
             await context.abort(SC.INVALID_ARGUMENT, str(exc))
         node = first.hello.node_name
+        self._hub.state.changes.bump(node)
         link = _Link(connected.session, node, peer)
         self._hub.links[link.session] = link
         if connected.replaced is not None:
@@ -253,6 +261,7 @@ class ControllerService(apb_grpc.ControllerServicer):
             reader.cancel()
             if fleet.disconnect(link.session) is not None:
                 log.info("agent_disconnected", node=node, peer=peer)
+                self._hub.state.changes.bump(node)
             self._hub.links.pop(link.session, None)
         if link.end is not None:
             await context.abort(*link.end)
@@ -276,6 +285,7 @@ class ControllerService(apb_grpc.ControllerServicer):
         if kind == "snapshot":
             outcome = fleet.snapshot(link.session, msg.snapshot)
             if outcome.stored:
+                self._hub.state.changes.bump(link.node)
                 log.info("snapshot_stored", node=link.node, generation=msg.snapshot.generation,
                          fingerprint=msg.snapshot.fingerprint[:16], peer=link.peer)
             elif outcome.reason:
@@ -288,6 +298,7 @@ class ControllerService(apb_grpc.ControllerServicer):
             link.reply(request)
         elif kind == "plan_result":
             if fleet.record_result(link.session, msg.plan_result) is not None:
+                self._hub.state.changes.bump(link.node)
                 log.info("plan_result", node=link.node, plan_id=msg.plan_result.plan_id,
                          state=planpb.PlanResult.State.Name(msg.plan_result.state), peer=link.peer)
                 self._hub.resolve(link.node, msg.plan_result)
@@ -410,13 +421,22 @@ class RunningController:
     health: Any
     hub: _Hub
     address: str
+    # The HTTP listener (extender, /metrics, /healthz, the fleet page); None when not asked for.
+    http: HttpServer | None = None
+
+    @property
+    def state(self) -> ControllerState:
+        return self.hub.state
 
     async def stop(self, grace: float | None = 5.0) -> None:
         """Health goes NOT_SERVING, every agent link ends with UNAVAILABLE (agents reconnect with
         backoff), then admin calls get ``grace`` seconds to finish."""
         await self.health.enter_graceful_shutdown()
+        self.hub.state.stopping = True
         self.hub.close_all("controller shutting down")
         await self.server.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         log.info("controller_stopped", address=self.address)
 
 
@@ -427,14 +447,52 @@ def _bound_address(listen: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None) -> RunningController:
+async def start_http(state: ControllerState, address: str, ssl_context: ssl.SSLContext | None = None,
+                     *, insecure: bool = False) -> HttpServer:
+    """The HTTP listener on ``address`` (host:port) with every route of controller/routes.py.
+    Plaintext only on loopback unless ``insecure`` (its bind verb changes the cluster)."""
+    try:
+        host, port = parse_host_port(address)
+    except AddressError as exc:
+        raise ControllerConfigError(f"--http: {exc}") from exc
+    if ssl_context is None and not insecure and not is_loopback(address):
+        raise ControllerConfigError(f"--http {address}: plaintext HTTP is only served on loopback; give "
+                                    "--http-tls-cert/--http-tls-key (or --http-insecure behind a trusted network)")
+    table = Routes()
+    install_routes(table, state)
+    server = HttpServer(table, observer=state.metrics.observe_http)
+    try:
+        await server.start(host, port, ssl_context)
+    except OSError as exc:
+        raise ControllerConfigError(f"cannot listen on {address} (HTTP): {exc.strerror or exc}") from exc
+    log.info("controller_http_listening", address=server.address, tls=ssl_context is not None)
+    return server
+
+
+def http_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server TLS context from PEM files; ControllerConfigError when they cannot be loaded."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ControllerConfigError(f"HTTP TLS: cannot load {cert} / {key}: {exc}") from exc
+    return ctx
+
+
+async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None, *,
+                           http: str | None = None, http_ssl: ssl.SSLContext | None = None,
+                           http_insecure: bool = False) -> RunningController:
     """Serve Controller, ControllerAdmin, health and reflection on ``listen`` (host:port, port 0 =
     any, or unix:PATH). Plaintext only on loopback; elsewhere ``credentials`` (grpc.ServerCredentials)
-    are required. ControllerConfigError when the address is refused or cannot be bound."""
+    are required. ``http`` (host:port) also opens the HTTP listener (see ``start_http``).
+    ControllerConfigError when an address is refused or cannot be bound."""
     check_address(listen)
     if credentials is None and not is_loopback(listen):
         raise ControllerConfigError(f"{listen}: plaintext is only served on loopback; give TLS credentials")
-    hub = _Hub(Fleet())
+    metrics = ControllerMetrics()
+    fleet = Fleet()
+    metrics.watch(fleet)
+    hub = _Hub(ControllerState(fleet, metrics))
     server = grpc.aio.server(options=SERVER_OPTIONS)
     apb_grpc.add_ControllerServicer_to_server(ControllerService(hub), server)
     apb_grpc.add_ControllerAdminServicer_to_server(ControllerAdminService(hub), server)
@@ -450,10 +508,17 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
         raise ControllerConfigError(f"cannot listen on {listen}: {exc}") from exc
     if port == 0 and not listen.startswith("unix:"):
         raise ControllerConfigError(f"cannot listen on {listen}")
+    http_server = None
+    if http:
+        try:
+            http_server = await start_http(hub.state, http, http_ssl, insecure=http_insecure)
+        except ControllerConfigError:
+            await server.stop(None)
+            raise
     await server.start()
     address = _bound_address(listen, port)
     log.info("controller_listening", address=address, tls=credentials is not None)
-    return RunningController(port, hub.fleet, server, health_servicer, hub, address)
+    return RunningController(port, hub.fleet, server, health_servicer, hub, address, http_server)
 
 
 def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
@@ -473,11 +538,12 @@ def open_pem(path: str) -> bytes:
 
 
 async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials | None, grace: float = 5.0,
-                                signals: Iterable[int] | None = None) -> None:
+                                signals: Iterable[int] | None = None, *, http: str | None = None,
+                                http_ssl: ssl.SSLContext | None = None, http_insecure: bool = False) -> None:
     """Run until SIGTERM/SIGINT, then stop gracefully."""
     import signal
 
-    running = await start_controller(listen, credentials)
+    running = await start_controller(listen, credentials, http=http, http_ssl=http_ssl, http_insecure=http_insecure)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     sigs = tuple(signals) if signals is not None else (signal.SIGTERM, signal.SIGINT)

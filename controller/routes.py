@@ -1,0 +1,32 @@
+"""Every route of the controller's HTTP listener. A feature adds one ``install(routes, state)`` call
+to ``install_routes``; ``docs/controller-http.md`` says how to write a handler."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from controller import extender
+from controller.http import Request, Response, Routes
+from controller.state import ControllerState
+
+
+def install_routes(routes: Routes, state: ControllerState) -> None:
+    install_core(routes, state)
+    extender.install(routes, state)
+
+
+def install_core(routes: Routes, state: ControllerState) -> None:
+    """``/healthz`` (200 while serving, 503 once stopping) and ``/metrics`` (Prometheus text)."""
+
+    async def healthz(request: Request) -> Response:
+        nodes = state.fleet.nodes()
+        body = {"status": "stopping" if state.stopping else "ok", "nodes": len(nodes),
+                "connected": sum(1 for n in nodes if n.connected), "topologies": state.fleet.held_count()}
+        return Response.json(body, HTTPStatus.SERVICE_UNAVAILABLE if state.stopping else HTTPStatus.OK)
+
+    async def metrics(request: Request) -> Response:
+        payload, content_type = state.metrics.render()
+        return Response(HTTPStatus.OK, payload, content_type)
+
+    routes.add("GET", "/healthz", healthz)
+    routes.add("GET", "/metrics", metrics)
