@@ -21,6 +21,7 @@ _HEAD: Final = """<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="referrer" content="no-referrer">
 <link rel="stylesheet" href="/static/fleet.css">
+<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">
 <script src="/static/fleet.js" defer></script>
 """
 
@@ -133,7 +134,11 @@ JS: Final = """"use strict";
     return e;
   }
   function link(href, text) { const a = el("a", null, text); a.href = href; return a; }
-  function nodeHref(name) { return "/nodes/" + encodeURIComponent(name); }
+  // As fleet_page.node_path: "." and ".." would be dot segments of the path.
+  function nodeHref(name) {
+    if (name === "." || name === "..") return "/nodes/?name=" + encodeURIComponent(name);
+    return "/nodes/" + encodeURIComponent(name);
+  }
 
   function bytes(n) {
     if (!n) return "—";
@@ -292,7 +297,7 @@ JS: Final = """"use strict";
 
     const img = $("drawing");
     if (n.drawing) {
-      const src = n.drawing + "?v=" + encodeURIComponent(n.generation + "-" + n.fingerprint);
+      const src = n.drawing + "&v=" + encodeURIComponent(n.generation + "-" + n.fingerprint);
       if (src !== shownDrawing) { img.src = src; shownDrawing = src; }
       img.hidden = false;
       $("drawing-note").replaceChildren(link(src, "open the drawing on its own"));
@@ -316,7 +321,7 @@ JS: Final = """"use strict";
       $("domains").replaceChildren(table(["Domain", "Type", "Capacity", "Free", "CPUs", "NUMA nodes", "Tier", "Note"],
         d.domains.map((m) => [String(m.id), m.type + (m.subtype ? " (" + m.subtype + ")" : ""),
                               bytes(m.capacity_bytes), bytes(m.free_bytes), m.cpus || "none", m.numa_nodes,
-                              m.kernel_tier ? String(m.kernel_tier) : "—", m.note || ""]), [0, 2, 3]));
+                              m.kernel_tier >= 0 ? String(m.kernel_tier) : "—", m.note || ""]), [0, 2, 3]));
       $("accelerators").replaceChildren(d.accelerators.length
         ? table(["Id", "Model", "Health", "NUMA node", "Domain", "Memory", "PCI"],
             d.accelerators.map((a) => [a.id, a.model || a.kind, a.health || "—", String(a.numa_node),
@@ -345,8 +350,15 @@ JS: Final = """"use strict";
 })();
 """.replace("__POLL_MS__", str(POLL_MS))
 
+FAVICON: Final = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+                   '<rect width="16" height="16" rx="3" fill="#1c2230"/>'
+                   '<rect x="3" y="3" width="4" height="4" fill="#7fb3ff"/>'
+                   '<rect x="9" y="3" width="4" height="4" fill="#7fb3ff"/>'
+                   '<rect x="3" y="9" width="10" height="4" fill="#b9e4c9"/></svg>')
+
 # path → (content type, text)
 STATIC: Final = {
     "/static/fleet.css": ("text/css; charset=utf-8", CSS),
     "/static/fleet.js": ("text/javascript; charset=utf-8", JS),
+    "/static/favicon.svg": ("image/svg+xml", FAVICON),
 }

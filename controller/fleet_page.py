@@ -1,10 +1,11 @@
-"""The controller's fleet page: ``/`` lists the nodes, ``/nodes/NAME`` shows one (its drawing, its
-plans and results), both kept live by polling the JSON the page reads (``/api/fleet``,
-``/api/nodes/NAME``). Read-only: GET and HEAD, nothing else.
+"""The controller's fleet page, on its HTTP listener: ``/`` lists the nodes, ``/nodes/NAME`` shows
+one (its drawing, its plans and results). Both pages are fixed text that keeps itself live by
+polling the JSON it reads: ``/api/fleet`` and ``/api/node?name=NAME`` (the drawing is
+``/api/node.svg?name=NAME``). Read-only: GET (and HEAD) routes only.
 
-Pure over the controller's ``Fleet``: ``FleetPage.handle`` turns a request line into a ``Response``
-and the HTTP listener only carries it. It reads the fleet, so it runs where the fleet lives (the
-controller's event loop); the drawing, the one costly answer, is cached per topology fingerprint.
+The handlers read the fleet on the controller's loop; what costs (parsing a new snapshot for its
+summary, drawing a node) runs in a thread on bytes copied there, and both are cached per snapshot.
+The summaries are pure functions of a topology (``topology_summary``, ``node_row``).
 
 Everything shown is untrusted (node names come from agents, source reasons quote tool output): the
 page builds its DOM with ``textContent`` only, the server escapes the little text it renders itself,
@@ -14,19 +15,22 @@ another origin, so a name like ``<script>`` is only ever text.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Final
-from urllib.parse import quote, unquote
+from urllib.parse import quote, urlencode
 
 import structlog
 
 from controller import fleet_assets
 from controller.fleet import Fleet, NodeInfo
+from controller.http import HttpError, Request, Response, Routes
+from controller.state import ControllerState
 from discovery.cpulist import format_cpulist
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
@@ -47,45 +51,17 @@ CSP_PAGE: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img
                    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 # A drawing opened on its own: styles inside it may apply, nothing may run or load.
 CSP_SVG: Final = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
-_COMMON_HEADERS: Final = (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
-                          ("Cache-Control", "no-store"))
+CSP_DATA: Final = "default-src 'none'; frame-ancestors 'none'"
+HTML_TYPE: Final = "text/html; charset=utf-8"
+_SECURITY: Final = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 Draw = Callable[[pb.MemoryTopology], str]
-# node → (plan_id, dry_run) of plans sent and not answered yet.
+# node → the (plan_id, dry_run) of its plans sent and not answered yet.
 Pending = Callable[[str], Iterable[tuple[str, bool]]]
 
 
-@dataclass(frozen=True)
-class Response:
-    status: int
-    content_type: str
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
-
-    def all_headers(self) -> list[tuple[str, str]]:
-        """Content-Type, Content-Length and the security headers, then the response's own."""
-        return [("Content-Type", self.content_type), ("Content-Length", str(len(self.body))),
-                *_COMMON_HEADERS, *self.headers]
-
-
-def _text(status: int, message: str, *extra: tuple[str, str]) -> Response:
-    return Response(status, "text/plain; charset=utf-8", (message + "\n").encode(),
-                    (("Content-Security-Policy", "default-src 'none'"), *extra))
-
-
-def _json(doc: Mapping[str, Any]) -> Response:
-    # ensure_ascii: every character beyond ASCII, and so every odd one, travels as an escape.
-    return Response(200, "application/json", json.dumps(doc, separators=(",", ":")).encode(),
-                    (("Content-Security-Policy", "default-src 'none'"),))
-
-
-def _page(body: str) -> Response:
-    return Response(200, "text/html; charset=utf-8", body.encode(), (("Content-Security-Policy", CSP_PAGE),))
-
-
-def node_path(name: str) -> str:
-    """The node page's path: the name percent-encoded whole (a name may hold '/', '?' or '#')."""
-    return "/nodes/" + quote(name, safe="")
+def _answer(body: bytes, content_type: str, csp: str = CSP_DATA, status: int = 200) -> Response:
+    return Response(status, body, content_type, {**_SECURITY, "Content-Security-Policy": csp})
 
 
 def _enum(enum: Any, value: int, prefix: str) -> str:
@@ -165,12 +141,14 @@ def result_json(result: planpb.PlanResult) -> dict[str, Any]:
     }
 
 
+
 # ---- the page's JSON -------------------------------------------------------------------------------
 def _age(now: float, then: float) -> float | None:
     return round(max(now - then, 0.0), 1) if then else None
 
 
 def node_row(info: NodeInfo, summary: Mapping[str, Any] | None, now: float) -> dict[str, Any]:
+    """One node as the fleet page lists it (ages in seconds before ``now``; None = never)."""
     return {
         "name": info.node_name,
         "connected": info.connected,
@@ -184,10 +162,18 @@ def node_row(info: NodeInfo, summary: Mapping[str, Any] | None, now: float) -> d
     }
 
 
+def _summarise(payloads: list[tuple[str, bytes]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(name, topology_summary(pb.MemoryTopology.FromString(payload))) for name, payload in payloads]
+
+
+def _snapshot_key(info: NodeInfo) -> tuple[int, str]:
+    return info.generation, info.fingerprint
+
+
 class FleetPage:
-    """The page's routes over one controller's fleet. ``draw`` renders a node's drawing (default:
+    """The page's data over one controller's fleet. ``draw`` renders a node's drawing (default:
     ``draw.svg.topology_svg``, imported on first use); ``pending`` lists the plans awaiting a node's
-    result; ``clock`` is the fleet's clock."""
+    result; ``clock`` is the fleet's clock. Call its coroutines on the fleet's loop."""
 
     def __init__(self, fleet: Fleet, *, draw: Draw | None = None, pending: Pending | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -195,35 +181,45 @@ class FleetPage:
         self._draw = draw
         self._pending = pending
         self._clock = clock
-        # node → ((generation, fingerprint), summary): parsed once per snapshot, not once per poll.
+        # node → (snapshot key, summary): a snapshot is parsed once, not once per poll.
         self._summaries: dict[str, tuple[tuple[int, str], dict[str, Any]]] = {}
         self._svgs: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()
 
-    # ---- data ----------------------------------------------------------------------------------
-    def _summary(self, info: NodeInfo) -> dict[str, Any] | None:
-        if not info.fingerprint:
-            return None
-        key = (info.generation, info.fingerprint)
-        cached = self._summaries.get(info.node_name)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        topo = self._fleet.topology(info.node_name)
-        if topo is None:
-            return None
-        summary = topology_summary(topo)
-        self._summaries[info.node_name] = (key, summary)
-        return summary
+    async def _fresh_summaries(self, infos: list[NodeInfo]) -> None:
+        todo: list[tuple[str, bytes]] = []
+        keys: dict[str, tuple[int, str]] = {}
+        for info in infos:
+            cached = self._summaries.get(info.node_name)
+            if not info.fingerprint or (cached is not None and cached[0] == _snapshot_key(info)):
+                continue
+            payload = self._fleet.topology_bytes(info.node_name)
+            if payload is not None:
+                todo.append((info.node_name, payload))
+                keys[info.node_name] = _snapshot_key(info)
+        if todo:
+            # Stored under the key read with the payload: a snapshot newer by now is parsed next time.
+            for name, summary in await asyncio.to_thread(_summarise, todo):
+                self._summaries[name] = (keys[name], summary)
 
-    def fleet_json(self) -> dict[str, Any]:
-        now = self._clock()
+    def _summary(self, info: NodeInfo) -> dict[str, Any] | None:
+        cached = self._summaries.get(info.node_name)
+        return cached[1] if cached is not None and info.fingerprint else None
+
+    async def fleet_json(self) -> dict[str, Any]:
+        await self._fresh_summaries(self._fleet.nodes())
         infos = self._fleet.nodes()
-        rows = [node_row(i, self._summary(i), now) for i in infos]
+        now = self._clock()
         known = {i.node_name for i in infos}
         for gone in self._summaries.keys() - known:
             del self._summaries[gone]
-        return {"nodes": rows, "connected": sum(1 for i in infos if i.connected), "total": len(infos)}
+        return {"nodes": [node_row(i, self._summary(i), now) for i in infos],
+                "connected": sum(1 for i in infos if i.connected), "total": len(infos)}
 
-    def node_json(self, name: str) -> dict[str, Any] | None:
+    async def node_json(self, name: str) -> dict[str, Any] | None:
+        info = self._fleet.info(name)
+        if info is None:
+            return None
+        await self._fresh_summaries([info])
         info = self._fleet.info(name)
         if info is None:
             return None
@@ -234,80 +230,112 @@ class FleetPage:
         doc["results"] = [result_json(r) for r in self._fleet.results(name, NODE_RESULTS)]
         pending = self._pending(name) if self._pending is not None else ()
         doc["pending"] = [{"plan_id": p, "dry_run": dry} for p, dry in sorted(pending)]
-        doc["drawing"] = node_path(name) + "/topology.svg" if topo is not None else None
+        doc["drawing"] = drawing_path(name) if topo is not None else None
         return doc
 
-    def svg(self, name: str) -> bytes | None:
+    async def svg(self, name: str) -> bytes | None:
+        """The node's drawing (None before its first snapshot); drawn once per snapshot."""
         info = self._fleet.info(name)
-        if info is None or not info.fingerprint:
+        topo = self._fleet.topology(name) if info is not None and info.fingerprint else None
+        if info is None or topo is None:
             return None
-        key = (name, info.generation, info.fingerprint)
+        key = (name, *_snapshot_key(info))
         cached = self._svgs.get(key)
         if cached is not None:
             self._svgs.move_to_end(key)
             return cached
-        topo = self._fleet.topology(name)
-        if topo is None:
-            return None
         draw = self._draw
         if draw is None:
             from draw.svg import topology_svg
 
             draw = self._draw = topology_svg
-        body = draw(topo).encode()
+        body = (await asyncio.to_thread(draw, topo)).encode()
         self._svgs[key] = body
         while len(self._svgs) > SVG_CACHE:
             self._svgs.popitem(last=False)
         return body
 
-    # ---- routes --------------------------------------------------------------------------------
-    def handle(self, method: str, target: str) -> Response:
-        """Answer one request (``target`` as on the request line: path and optional query)."""
-        if method not in ("GET", "HEAD"):
-            return _text(405, "the fleet page is read-only", ("Allow", "GET, HEAD"))
-        path = target.split("?", 1)[0].split("#", 1)[0]
-        if path in ("/", "/index.html"):
-            return _page(fleet_assets.FLEET_HTML)
-        if path == "/api/fleet":
-            return _json(self.fleet_json())
-        asset = fleet_assets.STATIC.get(path)
-        if asset is not None:
-            content_type, text = asset
-            return Response(200, content_type, text.encode(), (("Content-Security-Policy", "default-src 'none'"),))
-        parts = path.split("/")
-        if len(parts) >= 3 and parts[1] in ("nodes", "api") and (parts[1] == "nodes" or parts[2] == "nodes"):
-            return self._node_route(parts)
-        return _text(404, "not found")
 
-    def _node_route(self, parts: list[str]) -> Response:
-        # /nodes/NAME, /nodes/NAME/topology.svg, /api/nodes/NAME
-        api = parts[1] == "api"
-        rest = parts[3:] if api else parts[2:]
-        if not rest or not rest[0]:
-            return _text(404, "not found")
-        name = unquote(rest[0], errors="replace")
-        tail = rest[1:]
-        if api and not tail:
-            doc = self.node_json(name)
-            return _json(doc) if doc is not None else _text(404, "unknown node")
-        if not api and not tail:
-            if not self._fleet.knows(name):
-                return _text(404, "unknown node")
-            return _page(node_html(name))
-        if not api and tail == ["topology.svg"]:
-            try:
-                body = self.svg(name)
-            except Exception as exc:  # a drawing bug must not take the page down; the log keeps it
-                log.exception("fleet_page_draw_failed", node=name)
-                return _text(500, f"drawing failed: {type(exc).__name__}")
-            if body is None:
-                return _text(404, "no topology yet")
-            return Response(200, "image/svg+xml", body, (("Content-Security-Policy", CSP_SVG),))
-        return _text(404, "not found")
+def node_path(name: str) -> str:
+    """The node page's path. Percent-encoded whole, as the page's script does (encodeURIComponent):
+    a name may hold '/', '?' or '#'. '.' and '..' would be dot segments, so they go by query."""
+    if name in (".", ".."):
+        return "/nodes/?" + urlencode({"name": name})
+    return "/nodes/" + quote(name, safe="")
+
+
+def drawing_path(name: str) -> str:
+    return "/api/node.svg?" + urlencode({"name": name})
 
 
 def node_html(name: str) -> str:
     """The node page: the name is rendered escaped (for the title and readers without script); the
-    rest is filled in by the script from ``/api/nodes/NAME``."""
+    rest is filled in by the script from ``/api/node?name=NAME``."""
     return fleet_assets.NODE_HTML.format(name=html.escape(name, quote=True),
-                                         api=html.escape("/api" + node_path(name), quote=True))
+                                         api=html.escape("/api/node?" + urlencode({"name": name}), quote=True))
+
+
+def _name_arg(request: Request) -> str:
+    names = request.query.get("name", [])
+    if len(names) != 1:
+        raise HttpError(HTTPStatus.BAD_REQUEST, "give one node as ?name=NAME")
+    return names[0]
+
+
+def install(routes: Routes, state: ControllerState, *, draw: Draw | None = None,
+            clock: Callable[[], float] = time.time) -> FleetPage:
+    """The fleet page's routes: ``/``, ``/nodes/NAME``, ``/api/fleet``, ``/api/node``,
+    ``/api/node.svg`` and ``/static/*``."""
+    page = FleetPage(state.fleet, draw=draw, pending=state.pending_plans, clock=clock)
+    fleet = state.fleet
+
+    async def index(request: Request) -> Response:
+        return _answer(fleet_assets.FLEET_HTML.encode(), HTML_TYPE, CSP_PAGE)
+
+    async def node_page(request: Request) -> Response:
+        name = request.path.removeprefix("/nodes/")
+        if not name and "name" in request.query:
+            name = _name_arg(request)
+        if not fleet.knows(name):
+            raise HttpError(HTTPStatus.NOT_FOUND, "unknown node")
+        return _answer(node_html(name).encode(), HTML_TYPE, CSP_PAGE)
+
+    async def fleet_api(request: Request) -> Response:
+        return _json(await page.fleet_json())
+
+    async def node_api(request: Request) -> Response:
+        doc = await page.node_json(_name_arg(request))
+        if doc is None:
+            raise HttpError(HTTPStatus.NOT_FOUND, "unknown node")
+        return _json(doc)
+
+    async def node_svg(request: Request) -> Response:
+        name = _name_arg(request)
+        try:
+            body = await page.svg(name)
+        except Exception as exc:  # a drawing bug must not break the page; the log keeps the traceback
+            log.exception("fleet_page_draw_failed", node=name)
+            raise HttpError(HTTPStatus.INTERNAL_SERVER_ERROR, f"drawing failed: {type(exc).__name__}") from exc
+        if body is None:
+            raise HttpError(HTTPStatus.NOT_FOUND, "no topology for this node yet")
+        return _answer(body, "image/svg+xml", CSP_SVG)
+
+    async def static(request: Request) -> Response:
+        asset = fleet_assets.STATIC.get(request.path)
+        if asset is None:
+            raise HttpError(HTTPStatus.NOT_FOUND, "no such file")
+        content_type, text = asset
+        return _answer(text.encode(), content_type)
+
+    routes.add("GET", "/", index)
+    routes.add("GET", "/nodes/", node_page, prefix=True)
+    routes.add("GET", "/api/fleet", fleet_api)
+    routes.add("GET", "/api/node", node_api)
+    routes.add("GET", "/api/node.svg", node_svg)
+    routes.add("GET", "/static/", static, prefix=True)
+    return page
+
+
+def _json(doc: Mapping[str, Any]) -> Response:
+    # json.dumps escapes every character beyond ASCII, so nothing odd travels raw.
+    return _answer(json.dumps(doc, separators=(",", ":")).encode(), "application/json")
