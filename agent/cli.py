@@ -19,6 +19,7 @@ from discovery.capture import CaptureError, gather, open_root
 from discovery.discover import discover
 from discovery.record import recordings
 from discovery.source import ProbeContext
+from draw.svg import topology_svg
 from memtopo.v1 import topology_pb2 as pb
 
 EXIT_USAGE = 2
@@ -53,7 +54,8 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.links:
         sys.stdout.write(render_links(topo))
     else:
-        sys.stdout.write(to_json(topo) + "\n" if args.format == "json" else render(topo))
+        sys.stdout.write(to_json(topo) + "\n" if args.format == "json"
+                         else topology_svg(topo) if args.format == "svg" else render(topo))
     return 0
 
 
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = topo.add_mutually_exclusive_group()
     src.add_argument("--root", help="read a captured root: a directory or a .tar.* archive")
     src.add_argument("--hwloc-xml", help="read an hwloc XML export instead of a filesystem root")
-    topo.add_argument("--format", choices=("text", "json"), default="text")
+    topo.add_argument("--format", choices=("text", "json", "svg"), default="text")
     topo.add_argument("--links", action="store_true",
                       help="print the accelerator link matrix (nvidia-smi topo -m vocabulary)")
     topo.set_defaults(func=cmd_topo)

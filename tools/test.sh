@@ -6,7 +6,7 @@ bash tools/setup.sh
 tools/gen_proto.sh --check
 .venv/bin/ruff check .
 # Every package that has code yet (apply/ and controller/ fill in over the milestones).
-mapfile -t typed < <(for d in discovery planner apply agent controller tests bench; do
+mapfile -t typed < <(for d in discovery planner apply agent controller draw tests bench; do
   compgen -G "$d/*.py" >/dev/null && echo "$d"; done)
 .venv/bin/mypy "${typed[@]}"
 # Each synthesized host's host.py on its own: they share a module name, so not in one mypy run.

@@ -1,0 +1,1 @@
+"""Pictures of a MemoryTopology: pure functions of the message, no I/O."""

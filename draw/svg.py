@@ -1,0 +1,761 @@
+"""A self-contained SVG drawing of one node's MemoryTopology.
+
+The layout is computed here (no graphviz, no fonts, no scripts): packages with their memory domains
+and the accelerators local to each, the memory without CPUs apart, then panels for the interconnect
+between domains, the links between accelerators and CXL, and a legend. Everything is sorted and every
+coordinate is an integer, so the same message always gives the same bytes. Text from the message
+(node, model and device names) is untrusted: it is escaped and stripped of characters XML forbids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from xml.sax.saxutils import escape, quoteattr
+
+from agent.render import human_bytes, link_word
+from discovery.accelerators import pair_links
+from discovery.cpulist import format_cpulist
+from memtopo.v1 import topology_pb2 as pb
+
+FONT = 11
+CHAR_W = 0.62  # average advance of the sans-serif glyphs, in ems: sizes text without measuring fonts
+LINE = 14
+PAD = 8
+GAP = 10
+MAX_W = 1400
+DOMAIN_W = 236
+CARD_W = 116
+CARD_H = 46
+CARD_GAP = 6
+CARDS_PER_ROW = 4
+GRAPH_MAX_DOMAINS = 16  # above this the interconnect is a SLIT matrix, not a graph
+GRAPH_ALL_PAIRS = 12  # up to this many pairs every edge is drawn; above, the commonest distance is not
+GRAPH_MAX_EDGES = 40
+PERF_ROWS = 10
+
+TYPE_CLASS = {
+    pb.MEMORY_DOMAIN_TYPE_DRAM: "dram", pb.MEMORY_DOMAIN_TYPE_HBM: "hbm",
+    pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED: "cxl", pb.MEMORY_DOMAIN_TYPE_UNIFIED: "uni",
+    pb.MEMORY_DOMAIN_TYPE_NVM: "nvm", pb.MEMORY_DOMAIN_TYPE_GPU_MEMORY: "gpum",
+}
+TYPE_WORD = {
+    pb.MEMORY_DOMAIN_TYPE_DRAM: "DRAM", pb.MEMORY_DOMAIN_TYPE_HBM: "HBM",
+    pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED: "CXL", pb.MEMORY_DOMAIN_TYPE_UNIFIED: "Unified",
+    pb.MEMORY_DOMAIN_TYPE_NVM: "NVM", pb.MEMORY_DOMAIN_TYPE_GPU_MEMORY: "GPU memory",
+}
+# Fill, stroke per domain class; the legend and the stylesheet are both made from this table.
+DOMAIN_COLORS = {
+    "dram": ("#e3eefa", "#3b72b0"), "hbm": ("#fdebd3", "#c87912"), "cxl": ("#f0e4f9", "#8547b8"),
+    "uni": ("#e0f3e2", "#36904a"), "nvm": ("#f7f0d2", "#9a8220"), "gpum": ("#ddf3ee", "#22907a"),
+    "unk": ("#eeeeee", "#888888"),
+}
+# Fast accelerator links by vendor word; PCIe path classes in greys, nearest darkest.
+LINK_COLORS = {
+    "NV": "#2e8b57", "HCCS": "#c0392b", "HCCS_SW": "#e8613c", "SIO": "#e39b2d", "XGMI": "#8e44ad",
+    "XL": "#1f77b4", "PIX": "#8fa9c4", "PXB": "#a9bdd2", "PHB": "#c3d1e0", "NODE": "#d9e1ea",
+    "SYS": "#eceff3",
+}
+PCI_CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
+OTHER_LINK = "#b0b0b0"
+NEAR_RGB = (27, 79, 150)
+FAR_RGB = (226, 234, 244)
+
+STYLE = "".join([
+    "text{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;font-size:11px;fill:#1d2530}",
+    ".h{font-size:17px;font-weight:bold}.t{font-size:13px;font-weight:bold}.b{font-weight:bold}",
+    ".s{font-size:10px;fill:#4a5563}.m{font-size:9px}.w{fill:#fff}",
+    ".lb{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}",
+    ".pk{fill:#f5f7f9;stroke:#8a96a3}.sec{fill:none;stroke:#c9d1da}",
+    ".nc{stroke-dasharray:5 3;stroke-width:1.6}",
+    ".card{fill:#fff;stroke:#6b7684}.gm{fill:#f4fbf5;stroke:#36904a;stroke-dasharray:3 2}",
+    ".bar{fill:#fff;stroke:#9aa5b1;stroke-width:.6}.used{fill:#93aac2}",
+    ".ok{fill:#2f9a3c}.warn{fill:#e0a020}.bad{fill:#d0342c}.unk{fill:#a8b0b8}",
+    ".e{fill:none;stroke:#5a6b7d}.ecxl{fill:none;stroke:#8547b8;stroke-dasharray:6 3}",
+    ".grid{fill:none;stroke:#c9d1da;stroke-width:.5}",
+    *(f".{k}{{fill:{f};stroke:{s}}}" for k, (f, s) in DOMAIN_COLORS.items()),
+])
+
+_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_NUM = re.compile(r"(\d+)")
+
+
+def _clean(s: str) -> str:
+    """Characters XML 1.0 cannot carry (control bytes in a hostile model name) become U+FFFD."""
+    return _XML_BAD.sub("\ufffd", s)
+
+
+def _esc(s: str) -> str:
+    return escape(_clean(s))
+
+
+def _attr(s: str) -> str:
+    return quoteattr(_clean(s))
+
+
+def _fit(s: str, width: float, size: int = FONT) -> str:
+    """Cut text to what fits in ``width`` pixels at ``size``."""
+    room = max(1, int(width / (size * CHAR_W)))
+    return s if len(s) <= room else s[:max(0, room - 1)] + "…"
+
+
+def _text_w(s: str, size: int = FONT) -> int:
+    return math.ceil(len(s) * size * CHAR_W)
+
+
+def natural_key(s: str) -> tuple[tuple[int, str | int], ...]:
+    """GPU2 before GPU10."""
+    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in _NUM.split(s) if p)
+
+
+def compact_ids(ids: Sequence[str]) -> str:
+    """Accelerator ids as ranges per prefix: NPU0 NPU1 NPU2 NPU5 → NPU0-2,5."""
+    by_prefix: dict[str, list[int]] = {}
+    loose: list[str] = []
+    for i in ids:
+        m = re.fullmatch(r"(\D*)(\d+)", i)
+        if m:
+            by_prefix.setdefault(m.group(1), []).append(int(m.group(2)))
+        else:
+            loose.append(i)
+    parts = [p + format_cpulist(sorted(set(n))) for p, n in sorted(by_prefix.items())]
+    return " ".join(parts + sorted(loose))
+
+
+def compact_cpus(cpus: Sequence[int], room: int = 30) -> str:
+    """A cpulist short enough for a box: interleaved sets (SNC, POWER) as a stride, long ones cut."""
+    ids = sorted(cpus)
+    if not ids:
+        return "none"
+    text = format_cpulist(ids)
+    if len(text) <= room:
+        return text
+    step = ids[1] - ids[0] if len(ids) > 2 else 0
+    if step > 1 and all(b - a == step for a, b in itertools.pairwise(ids)):
+        return f"{ids[0]},{ids[1]},…,{ids[-1]} (every {step})"
+    return text[:max(1, room - 1)].rsplit(",", 1)[0] + ",…"
+
+
+# --- SVG fragments -------------------------------------------------------------------------------
+
+@dataclass
+class Block:
+    """A laid-out piece: its size and its SVG fragments in its own coordinates."""
+
+    w: int
+    h: int
+    parts: list[str] = field(default_factory=list)
+
+    def put(self, other: Block, x: int, y: int) -> None:
+        if other.parts:
+            self.parts.append(f'<g transform="translate({x},{y})">')
+            self.parts.extend(other.parts)
+            self.parts.append("</g>")
+
+
+def _rect(x: float, y: float, w: float, h: float, cls: str, rx: int = 0, title: str = "",
+          fill: str = "") -> str:
+    attrs = (f'x="{x:g}" y="{y:g}" width="{w:g}" height="{h:g}" class="{cls}"'
+             + (f' rx="{rx}"' if rx else "") + (f' fill="{fill}"' if fill else ""))
+    return f"<rect {attrs}><title>{_esc(title)}</title></rect>" if title else f"<rect {attrs}/>"
+
+
+def _text(x: float, y: float, s: str, cls: str = "", anchor: str = "") -> str:
+    c = f' class="{cls}"' if cls else ""
+    a = f' text-anchor="{anchor}"' if anchor else ""
+    return f'<text x="{x:g}" y="{y:g}"{c}{a}>{_esc(s)}</text>'
+
+
+def _line(x1: float, y1: float, x2: float, y2: float, cls: str, width: float = 0, color: str = "") -> str:
+    extra = (f' stroke-width="{width:g}"' if width else "") + (f' stroke="{color}"' if color else "")
+    return f'<line x1="{x1:g}" y1="{y1:g}" x2="{x2:g}" y2="{y2:g}" class="{cls}"{extra}/>'
+
+
+def _stack(blocks: Iterable[Block], gap: int = GAP) -> Block:
+    out = Block(0, 0)
+    y = 0
+    for b in blocks:
+        if not b.h:
+            continue
+        out.put(b, 0, y)
+        y += b.h + gap
+        out.w = max(out.w, b.w)
+    out.h = max(0, y - gap)
+    return out
+
+
+def _flow(blocks: Iterable[Block], max_w: int, gap: int = GAP) -> Block:
+    """Left to right, wrapping at ``max_w``; each row as tall as its tallest block."""
+    out = Block(0, 0)
+    x = y = row_h = 0
+    for b in blocks:
+        if not b.h:
+            continue
+        if x and x + b.w > max_w:
+            x, y, row_h = 0, y + row_h + gap, 0
+        out.put(b, x, y)
+        x += b.w + gap
+        row_h = max(row_h, b.h)
+        out.w = max(out.w, x - gap)
+    out.h = y + row_h
+    return out
+
+
+def _section(title: str, body: Block, note: str = "") -> Block:
+    """A titled frame around a body."""
+    out = Block(max(body.w, _text_w(title, 13) + _text_w(note, 10) + 20) + 2 * PAD, body.h + 2 * PAD + 20)
+    out.parts.append(_rect(0.5, 0.5, out.w - 1, out.h - 1, "sec", rx=6))
+    out.parts.append(_text(PAD, 17, title, "t"))
+    if note:
+        out.parts.append(_text(PAD + _text_w(title, 13) + 12, 17, note, "s"))
+    out.put(body, PAD, 20 + PAD)
+    return out
+
+
+# --- reading the message -------------------------------------------------------------------------
+
+def _perf_text(p: pb.LinkPerformance) -> str:
+    if p.source in (pb.PERFORMANCE_SOURCE_UNSPECIFIED, pb.PERFORMANCE_SOURCE_SLIT):
+        return ""
+    bw = p.read_bandwidth_mbps or p.write_bandwidth_mbps
+    lat = p.read_latency_ns or p.write_latency_ns
+    parts = ([_bandwidth(bw)] if bw else []) + ([f"{lat} ns"] if lat else [])
+    return " ".join(parts)
+
+
+def _bandwidth(mbps: int) -> str:
+    return f"{mbps / 1000:.1f} GB/s" if mbps >= 10000 else f"{mbps} MB/s"
+
+
+def _health_class(health: str) -> str:
+    h = health.strip().lower()
+    if not h:
+        return "unk"
+    if h in ("ok", "healthy", "normal", "good", "pass", "passed"):
+        return "ok"
+    if h in ("warning", "warn", "degraded", "minor", "general warning"):
+        return "warn"
+    return "bad"
+
+
+@dataclass
+class _Model:
+    """The message, indexed the way the layout asks for it."""
+
+    topo: pb.MemoryTopology
+    domains: list[pb.MemoryDomain]
+    by_id: dict[int, pb.MemoryDomain]
+    node_domain: dict[int, int]
+    node_packages: dict[int, list[int]]
+    accels: list[pb.Accelerator]
+    home: dict[str, int]  # accelerator id → the domain it is local to
+    free_known: bool
+
+    @classmethod
+    def of(cls, topo: pb.MemoryTopology) -> _Model:
+        domains = sorted(topo.domains, key=lambda d: d.id)
+        by_id = {d.id: d for d in domains}
+        node_domain = {n.id: n.domain for n in topo.numa_nodes if n.domain >= 0}
+        for d in domains:
+            for n in d.numa_nodes:
+                node_domain.setdefault(n, d.id)
+        node_packages = {n.id: sorted(n.packages) for n in topo.numa_nodes}
+        accels = sorted(topo.accelerators, key=lambda a: natural_key(a.id))
+        home: dict[str, int] = {}
+        for a in accels:
+            if a.domain >= 0 and a.domain in by_id:
+                home[a.id] = a.domain
+            elif a.numa_node >= 0 and node_domain.get(a.numa_node, -1) in by_id:
+                home[a.id] = node_domain[a.numa_node]
+        # Free memory is 0 everywhere in an hwloc XML export: unknown, not full.
+        free_known = any(d.free_bytes for d in domains)
+        return cls(topo, domains, by_id, node_domain, node_packages, accels, home, free_known)
+
+    def packages_of(self, d: pb.MemoryDomain) -> list[int]:
+        return sorted({p for n in d.numa_nodes for p in self.node_packages.get(n, [])})
+
+    def fabric(self, d: pb.MemoryDomain) -> list[pb.MemoryInterconnect]:
+        return [i for i in self.topo.interconnects
+                if i.link_type == pb.MEMORY_LINK_TYPE_COHERENT_FABRIC and i.domain_a == i.domain_b == d.id]
+
+
+# --- boxes ---------------------------------------------------------------------------------------
+
+def _accel_card(a: pb.Accelerator) -> Block:
+    b = Block(CARD_W, CARD_H)
+    model = a.model if a.model.lower().startswith(a.vendor.lower()) else f"{a.vendor} {a.model}".strip()
+    memory = human_bytes(a.memory_bytes) if a.memory_bytes else "memory ?"
+    title = "  ".join(x for x in (a.id, model, a.uuid, a.bdf, memory, f"health {a.health or '?'}") if x)
+    b.parts.append(_rect(0.5, 0.5, CARD_W - 1, CARD_H - 1, "card", rx=4, title=title))
+    b.parts.append(f'<circle cx="{CARD_W - 10}" cy="10" r="5" class="{_health_class(a.health)}"/>')
+    b.parts.append(_text(6, 14, _fit(a.id, CARD_W - 24), "b"))
+    b.parts.append(_text(6, 27, _fit(model or "?", CARD_W - 10, 10), "s"))
+    b.parts.append(_text(6, 40, _fit(f"{memory} · {a.health or 'health ?'}", CARD_W - 10, 10), "s"))
+    return b
+
+
+def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0) -> Block:
+    per_row = max(1, min(len(accels), max(CARDS_PER_ROW, (min_w + CARD_GAP) // (CARD_W + CARD_GAP))))
+    return _flow((_accel_card(a) for a in accels), per_row * (CARD_W + CARD_GAP) - CARD_GAP, CARD_GAP)
+
+
+def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, str]]:
+    nodes = format_cpulist(d.numa_nodes) or "-"
+    lines = [(f"node{'s' if len(d.numa_nodes) > 1 else ''} {nodes}", "s")]
+    if d.attached_cpus:
+        lines.append((f"CPUs {compact_cpus(d.attached_cpus)} ({len(d.attached_cpus)})", ""))
+    else:
+        near = sorted({o.id for o in m.domains if o.id != d.id and set(o.attached_cpus) & set(d.local_cpus)})
+        where = f" (domain {format_cpulist(near)})" if near else ""
+        lines.append((f"no CPUs; near CPUs {compact_cpus(d.local_cpus, 16)}{where}" if d.local_cpus
+                      else "no CPUs; no initiator known", "s"))
+    free = f", {human_bytes(d.free_bytes)} free" if m.free_known else ""
+    lines.append((f"{human_bytes(d.capacity_bytes)}{free}", ""))
+    tier = []
+    if d.kernel_tier >= 0:
+        tier.append(f"memory_tier{d.kernel_tier}")
+    if d.hwloc_tier >= 0:
+        tier.append(f"hwloc tier {d.hwloc_tier}")
+    perf = _perf_text(d.local_performance)
+    if tier or perf:
+        lines.append(("  ".join([*tier, *([f"local {perf}"] if perf else [])]), "s"))
+    if 0 <= d.cxl_region < len(m.topo.cxl_regions):
+        r = m.topo.cxl_regions[d.cxl_region]
+        lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way)", "s"))
+    if d.memory_side_caches:
+        c = d.memory_side_caches[0]
+        lines.append((f"memory-side cache {human_bytes(c.size_bytes)}", "s"))
+    if d.note:
+        lines.append((d.note, "s"))
+    return [(_fit(t, width - 2 * PAD, 10 if c == "s" else FONT), c) for t, c in lines]
+
+
+def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator]) -> Block:
+    """One memory domain; a Unified domain holds its accelerators (their memory is this memory)."""
+    gpu = _cards(inside) if inside else Block(0, 0)
+    width = max(DOMAIN_W, gpu.w + 2 * PAD + 2 * PAD if inside else 0)
+    lines = _domain_lines(m, d, width)
+    cls = TYPE_CLASS.get(d.type, "unk")
+    kind = TYPE_WORD.get(d.type, "memory") + (f" · {d.subtype}" if d.subtype else "")
+    bar_at = 1 + next(i for i, (t, _) in enumerate(lines) if t.startswith(human_bytes(d.capacity_bytes)))
+    y = 8 + LINE * (len(lines) + 1) + 6
+    h = y + (gpu.h + 2 * PAD + 18 if inside else 0) + 2
+    b = Block(width, h)
+    nc = " nc" if not d.attached_cpus else ""
+    b.parts.append(_rect(0.5, 0.5, width - 1, h - 1, cls + nc, rx=5))
+    b.parts.append(_text(PAD, 8 + 12, f"domain {d.id}", "b"))
+    b.parts.append(_text(width - PAD, 8 + 12, _fit(kind, width - 90), "b", "end"))
+    ty = 8 + 12
+    for i, (t, c) in enumerate(lines):
+        ty += LINE + (6 if i == bar_at else 0)
+        b.parts.append(_text(PAD, ty, t, c))
+        if i + 1 == bar_at and m.free_known and d.capacity_bytes:
+            used = max(0.0, min(1.0, 1 - d.free_bytes / d.capacity_bytes))
+            bw = width - 2 * PAD
+            b.parts.append(_rect(PAD, ty + 4, bw, 5, "bar"))
+            if used:
+                b.parts.append(_rect(PAD, ty + 4, round(bw * used), 5, "used"))
+    if inside:
+        fabric = m.fabric(d)
+        bws = sorted({_perf_text(f.a_to_b) for f in fabric} - {""})
+        label = "GPU memory, coherent" + (f" over C2C {', '.join(bws)}" if bws else "")
+        gy = y
+        frame = Block(gpu.w + 2 * PAD, gpu.h + 2 * PAD + 16)
+        frame.parts.append(_rect(0.5, 0.5, frame.w - 1, frame.h - 1, "gm", rx=4))
+        frame.parts.append(_text(PAD, 13, _fit(label, frame.w - 2 * PAD, 10), "s"))
+        frame.put(gpu, PAD, 16 + PAD // 2)
+        b.put(frame, PAD, gy)
+    return b
+
+
+def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
+    mine = [a for a in m.accels if m.home.get(a.id) == d.id]
+    unified = d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED
+    inside = [a for a in mine if unified and a.unified_memory]
+    below = [a for a in mine if a not in inside]
+    box = _domain_box(m, d, inside)
+    if not below:
+        return box
+    cards = _cards(below, box.w)
+    col = Block(max(box.w, cards.w), box.h + 12 + cards.h)
+    col.put(box, 0, 0)
+    # A short stem says "local to the domain above".
+    col.parts.append(_line(20, box.h, 20, box.h + 12, "e", 1.5))
+    col.put(cards, 0, box.h + 12)
+    return col
+
+
+def _package_block(m: _Model, packages: list[int], domains: list[pb.MemoryDomain]) -> Block:
+    cols = _flow((_domain_column(m, d) for d in domains), MAX_W - 4 * PAD)
+    cpus = sorted({c for d in domains for c in d.attached_cpus})
+    word = "package" if len(packages) == 1 else "packages"
+    title = f"{word} {format_cpulist(packages)}" if packages else "package ?"
+    sub = f"CPUs {compact_cpus(cpus, 40)}"
+    w = max(cols.w + 2 * PAD, _text_w(title, 13) + _text_w(sub, 10) + 3 * PAD)
+    b = Block(w, cols.h + 2 * PAD + 22)
+    b.parts.append(_rect(0.5, 0.5, w - 1, b.h - 1, "pk", rx=7))
+    b.parts.append(_text(PAD, 18, title, "t"))
+    b.parts.append(_text(PAD + _text_w(title, 13) + PAD, 18, sub, "s"))
+    b.put(cols, PAD, 22 + PAD)
+    return b
+
+
+def _packages(m: _Model) -> tuple[list[Block], list[pb.MemoryDomain]]:
+    """Domains with CPUs grouped by the packages they share; the CPU-less ones returned apart."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    with_cpus = [d for d in m.domains if d.attached_cpus]
+    cpuless = [d for d in m.domains if not d.attached_cpus]
+    for d in with_cpus:
+        pk = m.packages_of(d)
+        for p in pk[1:]:
+            parent[find(p)] = find(pk[0])
+    groups: dict[int, list[pb.MemoryDomain]] = {}
+    for d in with_cpus:
+        pk = m.packages_of(d)
+        groups.setdefault(find(pk[0]) if pk else -1, []).append(d)
+    blocks = []
+    for key in sorted(groups, key=lambda k: (k < 0, min(_pk for d in groups[k] for _pk in m.packages_of(d))
+                                             if k >= 0 else 0)):
+        doms = groups[key]
+        pk = sorted({p for d in doms for p in m.packages_of(d)})
+        blocks.append(_package_block(m, pk, doms))
+    return blocks, cpuless
+
+
+# --- panels --------------------------------------------------------------------------------------
+
+def _ramp(i: int, n: int) -> str:
+    t = i / (n - 1) if n > 1 else 0.0
+    rgb = [round(a + (b - a) * t) for a, b in zip(NEAR_RGB, FAR_RGB, strict=True)]
+    return "#" + "".join(f"{c:02x}" for c in rgb)
+
+
+def _slit_matrix(m: _Model) -> tuple[list[int], list[list[int]]]:
+    ids = [d.id for d in m.domains]
+    if all(len(d.distances) == len(ids) for d in m.domains):
+        return ids, [list(d.distances) for d in m.domains]
+    pos = {d: i for i, d in enumerate(ids)}
+    rows = [[10 if i == j else 0 for j in range(len(ids))] for i in range(len(ids))]
+    for ic in m.topo.interconnects:
+        if ic.domain_a in pos and ic.domain_b in pos and ic.domain_a != ic.domain_b:
+            rows[pos[ic.domain_a]][pos[ic.domain_b]] = ic.distance_a_to_b
+            rows[pos[ic.domain_b]][pos[ic.domain_a]] = ic.distance_b_to_a
+    return ids, rows
+
+
+def _pairs(m: _Model) -> list[pb.MemoryInterconnect]:
+    return sorted((i for i in m.topo.interconnects if i.domain_a != i.domain_b and
+                   i.domain_a in m.by_id and i.domain_b in m.by_id), key=lambda i: (i.domain_a, i.domain_b))
+
+
+def _perf_rows(m: _Model) -> list[str]:
+    rows = []
+    for i in _pairs(m):
+        for a, b, p in ((i.domain_a, i.domain_b, i.a_to_b), (i.domain_b, i.domain_a, i.b_to_a)):
+            t = _perf_text(p)
+            if t:
+                rows.append(f"domain {a} CPUs → domain {b} memory: {t}")
+    return rows
+
+
+def _interconnect_graph(m: _Model) -> Block:
+    n = len(m.domains)
+    size = 330 if n <= 8 else 430
+    r = size // 2 - 34
+    cx = cy = size // 2
+    pos = {}
+    for k, d in enumerate(m.domains):
+        ang = -math.pi / 2 + 2 * math.pi * k / n
+        pos[d.id] = (cx + round(r * math.cos(ang)), cy + round(r * math.sin(ang)))
+    pairs = _pairs(m)
+    hidden: list[pb.MemoryInterconnect] = []
+    background = 0
+    if len(pairs) > GRAPH_ALL_PAIRS:
+        counts = Counter(i.distance_a_to_b for i in pairs)
+        background = max(counts, key=lambda v: (counts[v], v))
+        hidden = [i for i in pairs if i.distance_a_to_b == i.distance_b_to_a == background
+                  and not _perf_text(i.a_to_b) and not _perf_text(i.b_to_a)]
+    shown = [i for i in pairs if i not in hidden]
+    if len(shown) > GRAPH_MAX_EDGES:
+        shown.sort(key=lambda i: (min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b))
+        hidden += shown[GRAPH_MAX_EDGES:]
+        shown = shown[:GRAPH_MAX_EDGES]
+    values = sorted({min(i.distance_a_to_b, i.distance_b_to_a) for i in shown})
+    b = Block(size, size)
+    labels = []
+    for i in sorted(shown, key=lambda i: (-min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b)):
+        (x1, y1), (x2, y2) = pos[i.domain_a], pos[i.domain_b]
+        dist = min(i.distance_a_to_b, i.distance_b_to_a)
+        rank = values.index(dist)
+        width = 3.0 - 2.0 * rank / max(1, len(values) - 1)
+        cxl = i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH
+        b.parts.append(_line(x1, y1, x2, y2, "ecxl" if cxl else "e", round(width, 1),
+                             "" if cxl else _ramp(rank, len(values) + 1)))
+        label = (str(i.distance_a_to_b) if i.distance_a_to_b == i.distance_b_to_a
+                 else f"{i.distance_a_to_b}/{i.distance_b_to_a}")
+        perf = _perf_text(i.a_to_b) or _perf_text(i.b_to_a)
+        # Labels sit a little off the middle so crossing edges through the centre do not stack.
+        t = 0.5 if n <= 3 else 0.38
+        labels.append(_text(round(x1 + (x2 - x1) * t), round(y1 + (y2 - y1) * t) + 4,
+                            label + (f" · {perf}" if perf else ""), "lb s", "middle"))
+    b.parts.extend(labels)
+    for d in m.domains:
+        x, y = pos[d.id]
+        cls = TYPE_CLASS.get(d.type, "unk") + ("" if d.attached_cpus else " nc")
+        b.parts.append(_rect(x - 27, y - 11, 54, 22, cls, rx=4,
+                             title=f"domain {d.id}: nodes {format_cpulist(d.numa_nodes)}"))
+        b.parts.append(_text(x, y + 4, f"d{d.id}", "b", "middle"))
+    if hidden:
+        same = all(i.distance_a_to_b == i.distance_b_to_a == background for i in hidden)
+        note = (f"{len(hidden)} more pairs at SLIT {background}, not drawn" if same
+                else f"{len(hidden)} more pairs not drawn (the farthest)")
+        b.h += 16
+        b.parts.append(_text(4, b.h - 4, note, "s"))
+    return b
+
+
+def _matrix_cells(n: int, cell: int, color_of: Callable[[int, int], str], words: Callable[[int, int], str] | None,
+                  labels: Sequence[str]) -> Block:
+    """An n×n grid with row/column labels; runs of one colour in a row are one rect."""
+    margin = max(_text_w(lab, 9) for lab in labels) + 6 if labels else 0
+    step = max(1, math.ceil(12 / cell))
+    b = Block(margin + n * cell + 2, margin + n * cell + 2)
+    for i in range(n):
+        j = 0
+        while j < n:
+            c = color_of(i, j)
+            k = j
+            while k + 1 < n and color_of(i, k + 1) == c:
+                k += 1
+            if c:
+                b.parts.append(f'<rect x="{margin + j * cell}" y="{margin + i * cell}" width="{(k - j + 1) * cell}"'
+                               f' height="{cell}" fill="{c}"/>')
+            j = k + 1
+    if words is not None:
+        for i in range(n):
+            for j in range(n):
+                w = words(i, j)
+                if w:
+                    b.parts.append(_text(margin + j * cell + cell / 2, margin + i * cell + cell / 2 + 3, w,
+                                         "m", "middle"))
+    b.parts.append(_rect(margin, margin, n * cell, n * cell, "grid"))
+    for k in range(0, n, step):
+        lab = labels[k]
+        b.parts.append(_text(margin - 3, margin + k * cell + cell / 2 + 3, lab, "m", "end"))
+        x = margin + k * cell + cell / 2 + 3
+        b.parts.append(f'<text x="{x:g}" y="{margin - 3}" class="m" transform="rotate(-90 {x:g} {margin - 3})">'
+                       f"{_esc(lab)}</text>")
+    return b
+
+
+def _interconnect_matrix(m: _Model) -> Block:
+    ids, rows = _slit_matrix(m)
+    n = len(ids)
+    values = sorted({v for row in rows for v in row if v})
+    color = {v: _ramp(k, len(values)) for k, v in enumerate(values)}
+    cell = max(4, min(14, 460 // n))
+    grid = _matrix_cells(n, cell, lambda i, j: color.get(rows[i][j], ""), None, [f"d{i}" for i in ids])
+    pair_count = Counter(rows[i][j] for i in range(n) for j in range(i + 1, n))
+    key = Block(0, 0)
+    y = 0
+    for v in values:
+        key.parts.append(_rect(0, y, 12, 12, "grid", fill=color[v]))
+        what = "self" if all(rows[i][i] == v for i in range(n)) and not pair_count[v] else f"{pair_count[v]} pairs"
+        key.parts.append(_text(18, y + 10, f"SLIT {v}: {what}", "s"))
+        y += 16
+        key.w = max(key.w, 18 + _text_w(f"SLIT {v}: {what}", 10))
+    key.h = y
+    return _flow([grid, key], MAX_W)
+
+
+def _interconnect(m: _Model) -> Block:
+    pairs = _pairs(m)
+    if not pairs:
+        return Block(0, 0)
+    body = _interconnect_graph(m) if len(m.domains) <= GRAPH_MAX_DOMAINS else _interconnect_matrix(m)
+    rows = _perf_rows(m)
+    if rows:
+        extra = [*rows[:PERF_ROWS], *([f"… {len(rows) - PERF_ROWS} more"] if len(rows) > PERF_ROWS else [])]
+        text = Block(max(_text_w(t, 10) for t in extra), LINE * len(extra))
+        for k, t in enumerate(extra):
+            text.parts.append(_text(0, LINE * k + 11, t, "s"))
+        body = _stack([body, text])
+    cxl = any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in pairs)
+    note = "SLIT distance (10 = local)" + (", dashed: through CXL" if cxl else "")
+    return _section("Interconnect between domains", body, note)
+
+
+def _link_color(word: str, kind: str) -> str:
+    return LINK_COLORS.get(kind, LINK_COLORS.get(word, OTHER_LINK))
+
+
+def _accel_links(m: _Model) -> Block:
+    accels = m.accels
+    if not accels or not (m.topo.accelerator_links or m.topo.accelerator_groups):
+        return Block(0, 0)
+    lines: list[tuple[str, str, str]] = []  # text, class, swatch colour
+    for g in sorted(m.topo.accelerator_groups, key=lambda g: (g.kind, sorted(g.members, key=natural_key))):
+        members = sorted(g.members, key=natural_key)
+        every = ""
+        if g.link_kind:
+            word = link_word(pb.AcceleratorLink(kind=g.link_kind, count=g.link_count))
+            every = f", every pair {word}" + (f" {_bandwidth(g.bandwidth_mbps)}" if g.bandwidth_mbps else "")
+        lines.append((f"{g.kind}: {compact_ids(members)} ({len(members)}{every})", "",
+                      _link_color(g.link_kind, g.link_kind) if g.link_kind else ""))
+    counts: Counter[tuple[str, str]] = Counter((link_word(lk), lk.kind) for lk in m.topo.accelerator_links)
+    fast = sorted((k for k in counts if k[1] not in PCI_CLASSES), key=lambda k: (k[1], natural_key(k[0])))
+    pci = sorted((k for k in counts if k[1] in PCI_CLASSES), key=lambda k: PCI_CLASSES.index(k[1]))
+    for word, kind in fast + pci:
+        lines.append((f"{word}: {counts[(word, kind)]} pair{'s' if counts[(word, kind)] != 1 else ''}"
+                      + ("  (PCIe path)" if kind in PCI_CLASSES else ""), "s", _link_color(word, kind)))
+    text = Block(0, LINE * len(lines))
+    for k, (t, c, sw) in enumerate(lines):
+        x = 0
+        if sw:
+            text.parts.append(_rect(0, LINE * k + 1, 11, 11, "grid", fill=sw))
+            x = 16
+        t = _fit(t, 560 - x, 10 if c == "s" else FONT)
+        text.parts.append(_text(x, LINE * k + 11, t, c))
+        text.w = max(text.w, x + _text_w(t, 10 if c == "s" else FONT))
+    blocks = [text]
+    if len(accels) >= 2:
+        idx = {a.id: k for k, a in enumerate(accels)}
+        n = len(accels)
+        cell = max(5, min(26, 420 // n))
+        cells: dict[tuple[int, int], pb.AcceleratorLink] = {}
+        for a, b, lk in pair_links(m.topo):
+            if a in idx and b in idx:
+                for key in ((idx[a], idx[b]), (idx[b], idx[a])):
+                    old = cells.get(key)
+                    # A fast link outranks the PCIe path class of the same pair.
+                    if old is None or (old.kind in PCI_CLASSES and lk.kind not in PCI_CLASSES):
+                        cells[key] = lk
+        words = None
+        if cell >= 22:
+            def words(i: int, j: int) -> str:
+                lk = cells.get((i, j))
+                return link_word(lk) if lk is not None else ""
+        grid = _matrix_cells(
+            n, cell, lambda i, j: _link_color(link_word(cells[(i, j)]), cells[(i, j)].kind) if (i, j) in cells
+            else ("#39424e" if i == j else ""), words, [a.id for a in accels])
+        blocks.append(grid)
+    return _section("Accelerator links", _stack(blocks), "by kind; a switched fabric is one group")
+
+
+def _cxl(m: _Model) -> Block:
+    t = m.topo
+    if not (t.cxl_devices or t.cxl_regions):
+        return Block(0, 0)
+    rows: list[tuple[str, str]] = []
+    for r in sorted(t.cxl_regions, key=lambda r: natural_key(r.name)):
+        dom = m.node_domain.get(r.numa_node, -1) if r.numa_node >= 0 else -1
+        where = (f"node {r.numa_node}" + (f" = domain {dom}" if dom >= 0 else "")) if r.numa_node >= 0 \
+            else "not onlined"
+        rows.append((f"{r.name}: {human_bytes(r.size_bytes)} {r.mode or '?'}, {r.interleave_ways} way"
+                     f" → {where}", "b"))
+        rows.append((f"memdevs {', '.join(r.memdevs) or '-'}; dax {', '.join(r.dax_devices) or '-'}"
+                     f" {r.dax_mode}".rstrip(), "s"))
+    for dv in sorted(t.cxl_devices, key=lambda d: natural_key(d.name)):
+        rows.append((f"{dv.name}: ram {human_bytes(dv.ram_size_bytes)}, pmem {human_bytes(dv.pmem_size_bytes)},"
+                     f" at {dv.host or '?'} under {dv.host_bridge or '?'} (node {dv.numa_node})", "s"))
+    body = Block(0, LINE * len(rows))
+    for k, (text, c) in enumerate(rows):
+        text = _fit(text, 520, 10 if c == "s" else FONT)
+        body.parts.append(_text(0, LINE * k + 11, text, c))
+        body.w = max(body.w, _text_w(text, 10 if c == "s" else FONT))
+    return _section("CXL", body)
+
+
+def _sources(m: _Model) -> Block:
+    bad = [s for s in sorted(m.topo.sources, key=lambda s: s.source) if s.state == pb.SOURCE_STATE_DEGRADED]
+    if not bad:
+        return Block(0, 0)
+    rows = []
+    for s in bad:
+        rows.append((s.source, "b"))
+        rows += [(f"  {r}", "s") for r in list(s.reasons)[:3]]
+    body = Block(0, LINE * len(rows))
+    for k, (text, c) in enumerate(rows):
+        text = _fit(text, 520, 10 if c == "s" else FONT)
+        body.parts.append(_text(0, LINE * k + 11, text, c))
+        body.w = max(body.w, _text_w(text, 10 if c == "s" else FONT))
+    return _section("Degraded sources", body)
+
+
+def _legend(m: _Model) -> Block:
+    items: list[tuple[str, str]] = []  # swatch markup, label
+    for cls, word in (("dram", "DRAM"), ("hbm", "HBM"), ("uni", "Unified (CPU+GPU)"), ("gpum", "GPU memory"),
+                      ("cxl", "CXL"), ("nvm", "NVM"), ("unk", "other")):
+        items.append((_rect(0, 0, 16, 12, cls, rx=2), word))
+    items.append((_rect(0, 0, 16, 12, "unk nc", rx=2), "no CPUs (dashed)"))
+    items.append((_rect(0, 0, 16, 12, "gm", rx=2), "GPU memory in a Unified domain"))
+    for cls, word in (("ok", "healthy"), ("warn", "warning"), ("bad", "unhealthy"), ("unk", "health unknown")):
+        items.append((f'<circle cx="8" cy="6" r="5" class="{cls}"/>', word))
+    kinds = sorted({lk.kind for lk in m.topo.accelerator_links} | {g.link_kind for g in m.topo.accelerator_groups}
+                   - {""}, key=lambda k: (k in PCI_CLASSES, PCI_CLASSES.index(k) if k in PCI_CLASSES else 0, k))
+    for k in kinds:
+        items.append((_rect(0, 0, 16, 12, "grid", fill=_link_color(k, k)), f"{k} link"))
+    blocks = []
+    for sw, word in items:
+        b = Block(22 + _text_w(word, 10), 14)
+        b.parts.append(sw)
+        b.parts.append(_text(22, 10, word, "s"))
+        blocks.append(b)
+    return _section("Legend", _flow(blocks, MAX_W - 2 * PAD, 16))
+
+
+def _header(m: _Model) -> Block:
+    t = m.topo
+    title = f"{t.node_name or 'node ?'}"
+    c = t.cpus
+    summary = (f"{len(c.online)} CPUs online in {c.packages} package(s), {c.cores} core(s) · "
+               f"{human_bytes(t.total_capacity_bytes)} in {len(m.domains)} memory domain(s), "
+               f"{len(t.numa_nodes)} NUMA node(s) · {len(m.accels)} accelerator(s)")
+    sub = f"generation {t.generation} · fingerprint {t.fingerprint[:16] or '?'} · source {t.source_root or '?'}"
+    b = Block(max(_text_w(title, 17), _text_w(summary), _text_w(sub, 10)), 52)
+    b.parts.append(_text(0, 16, title, "h"))
+    b.parts.append(_text(0, 33, summary))
+    b.parts.append(_text(0, 48, sub, "s"))
+    return b
+
+
+def topology_svg(topo: pb.MemoryTopology) -> str:
+    """The node drawn as a standalone SVG document (UTF-8 text, no external references)."""
+    m = _Model.of(topo)
+    packages, cpuless = _packages(m)
+    parts: list[Block] = [_header(m)]
+    if packages:
+        parts.append(_flow(packages, MAX_W))
+    if cpuless:
+        parts.append(_section("Memory without CPUs", _flow((_domain_column(m, d) for d in cpuless), MAX_W - 2 * PAD),
+                              "CXL, far and device memory: reached through another domain's CPUs"))
+    homeless = [a for a in m.accels if a.id not in m.home]
+    if homeless:
+        parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2)))
+    parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _sources(m)], MAX_W, 14))
+    parts.append(_legend(m))
+    body = _stack(parts, 14)
+    w, h = body.w + 2 * 16, body.h + 2 * 16
+    out = [
+        '<?xml version="1.0" encoding="UTF-8"?>\n',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
+        f"<title>{_esc('memory topology of ' + (topo.node_name or 'node ?'))}</title>",
+        f"<style>{STYLE}</style>",
+        _rect(0, 0, w, h, "w"),
+    ]
+    wrapper = Block(w, h)
+    wrapper.put(body, 16, 16)
+    out += wrapper.parts
+    out.append("</svg>\n")
+    return "".join(out)
