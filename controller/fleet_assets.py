@@ -110,8 +110,9 @@ dl.facts { display: grid; grid-template-columns: max-content minmax(0, 1fr) max-
            background: #fff; border: 1px solid var(--line); padding: 12px 16px; margin: 0; }
 dl.facts dt { color: var(--muted); }
 dl.facts dd { margin: 0; overflow-wrap: anywhere; }
-figure { margin: 0; background: #fff; border: 1px solid var(--line); padding: 8px; overflow: auto; max-height: 85vh; }
-figure img { display: block; max-width: 100%; height: auto; }
+figure { margin: 0; background: #fff; border: 1px solid var(--line); padding: 8px; overflow: auto; }
+/* A vector drawing: scaled to the page's width, larger than drawn where the page is wide. */
+figure img { display: block; width: 100%; max-width: 1800px; height: auto; }
 figcaption:empty { display: none; }
 .reasons { margin: 2px 0 8px; padding-left: 20px; font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace;
            white-space: pre-wrap; overflow-wrap: anywhere; }
@@ -204,10 +205,22 @@ JS: Final = """"use strict";
     }
     return ["XPU MTF " + d.mtf, d.used.length ? "allocated: " + d.used.join(", ") : "none allocated"];
   }
+  function devicesTitle(d) {
+    if (!d || d.unusable) return null;
+    if (d.policy === "hccs") {
+      return "Free NPUs per HCCS ring (0-3, 4-7) as the hccs policy derives them; group per pod size: "
+        + "the priority group (A best, D last) the node falls into for a pod of 1, 2, 4 or 8 NPUs (— = no fit)";
+    }
+    return "MTF: the fewest 1/2/4/8-card tasks that fill the node's free XPUs (1 = an empty node)";
+  }
   function cell(main, sub, cls) {
     const td = el("td", cls, main);
     if (sub) td.append(el("span", "sub", sub));
     return td;
+  }
+  function titled(node, title) {
+    if (title) node.title = title;
+    return node;
   }
   function degradedCell(list) {
     if (!list || !list.length) return el("td", "muted", "—");
@@ -242,7 +255,7 @@ JS: Final = """"use strict";
     const [acc, accSub] = acceleratorText(t);
     tr.append(cell(acc, accSub));
     const [dev, devSub] = devicesText(t.devices);
-    tr.append(cell(dev, devSub));
+    tr.append(titled(cell(dev, devSub), devicesTitle(t.devices)));
     tr.append(degradedCell(t.degraded));
     return tr;
   }
