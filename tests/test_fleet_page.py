@@ -27,13 +27,16 @@ from controller import fleet_assets, fleet_page
 from controller.fleet import Fleet, Hello
 from controller.http import HttpServer, Routes
 from controller.metrics import ControllerMetrics
+from controller.server import start_controller
 from controller.state import ControllerState
+from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from planner import fleet as fleet_policies
 from planner import hccs, xpu
 from tests.fixtures import SHARED, extracted, lab_root
 from tests.test_agent_e2e import Agent, free_port, memtopo, wait_for
+from tests.test_controller import SimAgent, admin
 from tests.test_controller_http import exchange, get
 from tests.test_planner_fleet import NPU_SMI_910A_X8, node, npu
 
@@ -196,6 +199,7 @@ def test_routes_answer_read_only_with_a_strict_content_security_policy() -> None
     fleet = Fleet()
     join(fleet, topology("p800", "x/1?#"))
     join(fleet, topology("910", HOSTILE))
+    join(fleet, topology("p800", ".."))
     calls: list[str] = []
 
     def draw(topo: pb.MemoryTopology) -> str:
@@ -221,13 +225,18 @@ def test_routes_answer_read_only_with_a_strict_content_security_policy() -> None
 
             status, _, body = await exchange(port, get("/api/fleet"))
             assert status == 200
-            assert sorted(r["name"] for r in json.loads(body)["nodes"]) == sorted([HOSTILE, "x/1?#"])
+            assert sorted(r["name"] for r in json.loads(body)["nodes"]) == sorted([HOSTILE, "x/1?#", ".."])
 
             # A name with '/', '?' and '#' reaches its page percent-encoded, as the script encodes it.
             status, _, body = await exchange(port, get("/nodes/" + quote("x/1?#", safe="")))
             assert status == 200 and b"x/1?#" in body
             status, _, body = await exchange(port, get("/api/node?name=" + quote("x/1?#", safe="")))
             assert status == 200 and json.loads(body)["name"] == "x/1?#"
+
+            # ".." would be a dot segment of the path: its page goes by query.
+            assert fleet_page.node_path("..") == "/nodes/?name=.."
+            status, _, body = await exchange(port, get(fleet_page.node_path("..")))
+            assert status == 200 and b"<h1><span id=\"name\">..</span>" in body
 
             # The hostile name is escaped wherever the server renders it.
             status, _, body = await exchange(port, get(fleet_page.node_path(HOSTILE)))
@@ -278,6 +287,35 @@ def test_the_script_builds_text_nodes_only() -> None:
     for forbidden in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert forbidden not in fleet_assets.JS, forbidden
     assert "createTextNode" in fleet_assets.JS
+
+
+def test_a_real_controller_shows_plans_in_flight_then_their_results() -> None:
+    """Over the controller's own listener: a plan submitted and not answered yet is listed as
+    pending; once the agent's result arrives it moves to the results."""
+    async def main() -> None:
+        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0")
+        assert running.http is not None
+        port = running.http.port
+        agent = SimAgent(f"127.0.0.1:{running.port}")
+        try:
+            await agent.join("x1", topology("p800", "x1"))
+            async with admin(f"127.0.0.1:{running.port}") as stub:
+                submit = asyncio.ensure_future(stub.SubmitPlan(apb.SubmitPlanRequest(
+                    node_name="x1", plan=planpb.BindingPlan(plan_id="pin-1"), timeout_seconds=30)))
+                sent = await agent.expect("plan")
+                assert sent.plan.plan.plan_id == "pin-1"
+                doc = json.loads((await exchange(port, get("/api/node?name=x1")))[2])
+                assert (doc["pending"], doc["results"]) == ([{"plan_id": "pin-1", "dry_run": False}], [])
+                await agent.send(plan_result=planpb.PlanResult(plan_id="pin-1", state=planpb.PlanResult.STATE_APPLIED))
+                assert (await submit).state == planpb.PlanResult.STATE_APPLIED
+            doc = json.loads((await exchange(port, get("/api/node?name=x1")))[2])
+            assert doc["pending"] == []
+            assert [(r["plan_id"], r["state"]) for r in doc["results"]] == [("pin-1", "APPLIED")]
+        finally:
+            await agent.close()
+            await running.stop(0.5)
+
+    asyncio.run(main())
 
 
 # ---- in a real browser, against real agents ----------------------------------------------------------
