@@ -312,6 +312,7 @@ JS: Final = """"use strict";
     if (n.drawing) {
       const src = n.drawing + "&v=" + encodeURIComponent(n.generation + "-" + n.fingerprint);
       if (src !== shownDrawing) { img.src = src; shownDrawing = src; }
+      img.alt = "topology drawing of " + n.name;
       img.hidden = false;
       $("drawing-note").replaceChildren(link(src, "open the drawing on its own"));
     } else {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import os
 import shutil
@@ -19,9 +20,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller import fleet_assets, fleet_page
 from controller.fleet import Fleet, Hello
@@ -261,6 +264,27 @@ def test_routes_answer_read_only_with_a_strict_content_security_policy() -> None
                 raw = f"{method} / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode()
                 status, headers, _ = await exchange(port, raw)
                 assert status == 405 and headers["allow"] == "GET, HEAD"
+
+    asyncio.run(main())
+
+
+# Any name the fleet accepts: printable, no control characters, up to 253 characters.
+NAMES = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=253)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=NAMES)
+def test_every_name_the_fleet_accepts_reaches_its_page_and_data(name: str) -> None:
+    fleet = Fleet()
+    fleet.connect(Hello(name, "i1"), "ipv4:127.0.0.1:4000")
+
+    async def main() -> None:
+        async with page_server(fleet) as port:
+            status, _, body = await exchange(port, get(fleet_page.node_path(name)))
+            assert status == 200
+            assert html.escape(name, quote=True).encode() in body
+            status, _, body = await exchange(port, get("/api/node?" + urlencode({"name": name})))
+            assert status == 200 and json.loads(body)["name"] == name
 
     asyncio.run(main())
 
