@@ -465,7 +465,7 @@ def row(name: str) -> str:
     return f"[...document.querySelectorAll('#nodes tr')].find(r => r.dataset.node === {json.dumps(name)})"
 
 
-def test_the_fleet_page_lists_the_four_agents(fleet4: Fleet4, browser: Any, tmp_path: Path) -> None:
+def test_the_fleet_page_lists_the_four_agents(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
     until(w.page, "() => document.querySelectorAll('#nodes tr[data-state=connected]').length === 4")
@@ -483,7 +483,7 @@ def test_the_fleet_page_lists_the_four_agents(fleet4: Fleet4, browser: Any, tmp_
     assert (w.dialogs, w.errors) == ([], [])
 
 
-def test_the_hostile_name_is_shown_as_text_and_runs_nothing(fleet4: Fleet4, browser: Any) -> None:
+def test_the_hostile_name_is_shown_as_text_and_runs_nothing(browser: Any, fleet4: Fleet4) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
     until(w.page, f"() => {row(HOSTILE)} !== undefined")
@@ -500,7 +500,7 @@ def test_the_hostile_name_is_shown_as_text_and_runs_nothing(fleet4: Fleet4, brow
     assert (w.dialogs, w.errors) == ([], [])
 
 
-def test_the_node_page_shows_the_drawing(fleet4: Fleet4, browser: Any, tmp_path: Path) -> None:
+def test_the_node_page_shows_the_drawing(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
     until(w.page, f"() => {row('ascend910-01')} !== undefined")
@@ -524,7 +524,7 @@ def test_the_node_page_shows_the_drawing(fleet4: Fleet4, browser: Any, tmp_path:
     assert (w.dialogs, w.errors) == ([], [])
 
 
-def test_a_killed_agent_turns_disconnected_without_a_reload(fleet4: Fleet4, browser: Any) -> None:
+def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4: Fleet4) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
     until(w.page, "() => document.querySelectorAll('#nodes tr[data-state=connected]').length === 4")
