@@ -15,7 +15,7 @@ find_python() {
 # run here); installed only where missing and only as root, else those tests skip and say why.
 if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
   { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; } ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium fonts-liberation fonts-dejavu-core >/dev/null; } ||
     echo "tools/setup.sh: could not install chromium; the fleet page's browser tests will skip" >&2
 fi
 stamp=.venv/.memtopo-setup
