@@ -524,7 +524,7 @@ def test_the_node_page_shows_the_drawing(browser: Any, fleet4: Fleet4, tmp_path:
     assert (w.dialogs, w.errors) == ([], [])
 
 
-def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4: Fleet4) -> None:
+def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
     until(w.page, "() => document.querySelectorAll('#nodes tr[data-state=connected]').length === 4")
@@ -541,4 +541,7 @@ def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4
     assert "disconnected" in w.page.evaluate(f"{row('p800-01')}.textContent")
     states = w.page.eval_on_selector_all("#nodes tr", "rows => rows.map(r => r.dataset.state)")
     assert sorted(states) == ["connected"] * 3 + ["disconnected"]
+    shot = tmp_path / "page-fleet-disconnected.png"
+    w.page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000 and png_size(shot)[0] == 1400
     assert (w.dialogs, w.errors) == ([], [])
