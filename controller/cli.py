@@ -2,6 +2,7 @@
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
                        [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F] [--http-insecure]]
+                       [--kube-api in-cluster|URL [--kube-refresh S]]
     memtopo controller nodes [--format table|json]
     memtopo controller topology NODE [--format text|json]
     memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
@@ -40,6 +41,7 @@ from agent.render import render as render_topology
 from agent.render import table
 from apply.errors import ApplyError
 from apply.planio import to_json as result_json
+from controller.kubeapi import KubeApi, KubeApiError
 from controller.server import (
     DEFAULT_HTTP,
     DEFAULT_LISTEN,
@@ -149,6 +151,12 @@ def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     p.add_argument("--http-tls-key", default=default(""), help="HTTP listener private key (PEM)")
     p.add_argument("--http-insecure", action="store_true", default=default(False),  # type: ignore[arg-type]
                    help="serve plaintext HTTP off loopback (only behind a network that is trusted)")
+    p.add_argument("--kube-api", default=default(""), metavar="in-cluster|URL",
+                   help="the Kubernetes API server the scheduler extender binds through and reads bound pods "
+                        "from: in-cluster (the pod's service account) or a URL such as kubectl proxy's "
+                        "http://127.0.0.1:8001 (default: none; bind then answers an Error)")
+    p.add_argument("--kube-refresh", type=float, default=default(10.0), metavar="S",  # type: ignore[arg-type]
+                   help="seconds between reads of the bound pods' device annotations (default 10)")
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -192,9 +200,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if bool(http_cert) != bool(http_key):
         raise ControllerConfigError("--http-tls-cert and --http-tls-key go together")
     http_ssl = http_ssl_context(http_cert, http_key) if http_cert else None
+    kube = _kube_api(getattr(args, "kube_api", ""))
+    refresh = float(getattr(args, "kube_refresh", 10.0))
+    if not 0.1 <= refresh <= 3600:
+        raise ControllerConfigError("--kube-refresh: 0.1 to 3600 seconds")
     asyncio.run(serve_until_signalled(args.listen, creds, http=getattr(args, "http", DEFAULT_HTTP) or None,
-                                      http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False))))
+                                      http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False)),
+                                      kube=kube, kube_refresh_s=refresh))
     return EXIT_OK
+
+
+def _kube_api(value: str) -> KubeApi | None:
+    if not value:
+        return None
+    try:
+        return KubeApi.in_cluster() if value == "in-cluster" else KubeApi(value)
+    except KubeApiError as exc:
+        raise ControllerConfigError(f"--kube-api: {exc}") from exc
 
 
 # ---- clients -----------------------------------------------------------------------------------------

@@ -283,6 +283,14 @@ class Fleet:
         payload = self.topology_bytes(node_name)
         return pb.MemoryTopology.FromString(payload) if payload is not None else None
 
+    def held(self, node_name: str) -> tuple[bool, bytes | None] | None:
+        """(connected, the held snapshot's bytes or None) without building a NodeInfo; None if unknown.
+        The bytes object stays the same until the node stores a new snapshot (callers may cache by it)."""
+        node = self._nodes.get(node_name)
+        if node is None:
+            return None
+        return node.session != 0, node.held.payload if node.held else None
+
     def topology_bytes(self, node_name: str) -> bytes | None:
         node = self._nodes.get(node_name)
         return node.held.payload if node and node.held else None

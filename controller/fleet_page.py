@@ -21,6 +21,7 @@ import json
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import quote, urlencode
@@ -34,7 +35,7 @@ from controller.state import ControllerState
 from discovery.cpulist import format_cpulist
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from planner.fleet import device_view
+from planner.fleet import DeviceView, node_device_view, view_json
 
 log = structlog.get_logger()
 
@@ -58,6 +59,8 @@ _SECURITY: Final = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-
 Draw = Callable[[pb.MemoryTopology], str]
 # node → the (plan_id, dry_run) of its plans sent and not answered yet.
 Pending = Callable[[str], Iterable[tuple[str, bool]]]
+# device policy (hccs, xpu) → node → the device ids handed out there (the scheduler extender's view).
+InUse = Callable[[str], Mapping[str, frozenset[int]]]
 
 
 def _answer(body: bytes, content_type: str, csp: str = CSP_DATA, status: int = 200) -> Response:
@@ -77,9 +80,19 @@ def _short(text: str, limit: int = REASON_CHARS) -> str:
 
 
 # ---- what a topology says, summarised ------------------------------------------------------------
-def topology_summary(topo: pb.MemoryTopology) -> dict[str, Any]:
+def topology_summary(topo: pb.MemoryTopology, allocated: frozenset[int] = frozenset()) -> dict[str, Any]:
     """The facts of one node the fleet page shows in its row: CPUs, memory by domain type,
-    accelerators by model, degraded sources (their reasons cut short), and the hccs/xpu view."""
+    accelerators by model, degraded sources (their reasons cut short), and what the hccs or xpu
+    policy sees of it with ``allocated`` handed out."""
+    return {**topology_facts(topo), "devices": devices_json(node_device_view(topo), allocated)}
+
+
+def devices_json(found: tuple[str, DeviceView | str] | None, allocated: frozenset[int]) -> dict[str, Any] | None:
+    return view_json(found[0], found[1], allocated) if found is not None else None
+
+
+def topology_facts(topo: pb.MemoryTopology) -> dict[str, Any]:
+    """``topology_summary`` less the device view (which changes with allocations, not snapshots)."""
     cpus = len(topo.cpus.online) if topo.cpus.online else sum(len(n.cpus) for n in topo.numa_nodes)
     by_type: Counter[str] = Counter()
     free = 0
@@ -100,7 +113,6 @@ def topology_summary(topo: pb.MemoryTopology) -> dict[str, Any]:
         "accelerator_memory_bytes": sum(a.memory_bytes for a in topo.accelerators),
         "accelerator_models": [{"model": m, "count": c} for m, c in sorted(models.items())],
         "degraded": degraded_sources(topo, FLEET_REASONS),
-        "devices": device_view(topo),
     }
 
 
@@ -162,8 +174,19 @@ def node_row(info: NodeInfo, summary: Mapping[str, Any] | None, now: float) -> d
     }
 
 
-def _summarise(payloads: list[tuple[str, bytes]]) -> list[tuple[str, dict[str, Any]]]:
-    return [(name, topology_summary(pb.MemoryTopology.FromString(payload))) for name, payload in payloads]
+@dataclass(frozen=True)
+class _Summary:
+    key: tuple[int, str]  # (generation, fingerprint) of the snapshot it was made from
+    facts: dict[str, Any]
+    devices: tuple[str, DeviceView | str] | None
+
+
+def _summarise(todo: list[tuple[str, tuple[int, str], bytes]]) -> list[tuple[str, _Summary]]:
+    out = []
+    for name, key, payload in todo:
+        topo = pb.MemoryTopology.FromString(payload)
+        out.append((name, _Summary(key, topology_facts(topo), node_device_view(topo))))
+    return out
 
 
 def _snapshot_key(info: NodeInfo) -> tuple[int, str]:
@@ -173,37 +196,46 @@ def _snapshot_key(info: NodeInfo) -> tuple[int, str]:
 class FleetPage:
     """The page's data over one controller's fleet. ``draw`` renders a node's drawing (default:
     ``draw.svg.topology_svg``, imported on first use); ``pending`` lists the plans awaiting a node's
-    result; ``clock`` is the fleet's clock. Call its coroutines on the fleet's loop."""
+    result; ``in_use`` the devices handed out per policy and node; ``clock`` is the fleet's clock.
+    Call its coroutines on the fleet's loop."""
 
     def __init__(self, fleet: Fleet, *, draw: Draw | None = None, pending: Pending | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 in_use: InUse | None = None, clock: Callable[[], float] = time.time) -> None:
         self._fleet = fleet
         self._draw = draw
         self._pending = pending
+        self._in_use = in_use
         self._clock = clock
-        # node → (snapshot key, summary): a snapshot is parsed once, not once per poll.
-        self._summaries: dict[str, tuple[tuple[int, str], dict[str, Any]]] = {}
+        # A snapshot is parsed once, not once per poll.
+        self._summaries: dict[str, _Summary] = {}
         self._svgs: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()
 
     async def _fresh_summaries(self, infos: list[NodeInfo]) -> None:
-        todo: list[tuple[str, bytes]] = []
-        keys: dict[str, tuple[int, str]] = {}
+        todo: list[tuple[str, tuple[int, str], bytes]] = []
         for info in infos:
             cached = self._summaries.get(info.node_name)
-            if not info.fingerprint or (cached is not None and cached[0] == _snapshot_key(info)):
+            if not info.fingerprint or (cached is not None and cached.key == _snapshot_key(info)):
                 continue
             payload = self._fleet.topology_bytes(info.node_name)
             if payload is not None:
-                todo.append((info.node_name, payload))
-                keys[info.node_name] = _snapshot_key(info)
+                # Keyed by what was read with the payload: a snapshot newer by now is parsed next time.
+                todo.append((info.node_name, _snapshot_key(info), payload))
         if todo:
-            # Stored under the key read with the payload: a snapshot newer by now is parsed next time.
-            for name, summary in await asyncio.to_thread(_summarise, todo):
-                self._summaries[name] = (keys[name], summary)
+            self._summaries.update(await asyncio.to_thread(_summarise, todo))
 
-    def _summary(self, info: NodeInfo) -> dict[str, Any] | None:
+    def _summary(self, info: NodeInfo, in_use: dict[str, Mapping[str, frozenset[int]]]) -> dict[str, Any] | None:
+        """The cached facts plus the device view under the allocations of this request (``in_use``:
+        policy → node → ids, filled on first need)."""
         cached = self._summaries.get(info.node_name)
-        return cached[1] if cached is not None and info.fingerprint else None
+        if cached is None or not info.fingerprint:
+            return None
+        allocated: frozenset[int] = frozenset()
+        if cached.devices is not None and self._in_use is not None:
+            policy = cached.devices[0]
+            if policy not in in_use:
+                in_use[policy] = self._in_use(policy)
+            allocated = in_use[policy].get(info.node_name, frozenset())
+        return {**cached.facts, "devices": devices_json(cached.devices, allocated)}
 
     async def fleet_json(self) -> dict[str, Any]:
         await self._fresh_summaries(self._fleet.nodes())
@@ -212,7 +244,8 @@ class FleetPage:
         known = {i.node_name for i in infos}
         for gone in self._summaries.keys() - known:
             del self._summaries[gone]
-        return {"nodes": [node_row(i, self._summary(i), now) for i in infos],
+        in_use: dict[str, Mapping[str, frozenset[int]]] = {}
+        return {"nodes": [node_row(i, self._summary(i, in_use), now) for i in infos],
                 "connected": sum(1 for i in infos if i.connected), "total": len(infos)}
 
     async def node_json(self, name: str) -> dict[str, Any] | None:
@@ -225,7 +258,7 @@ class FleetPage:
             return None
         now = self._clock()
         topo = self._fleet.topology(name)
-        doc = node_row(info, self._summary(info), now)
+        doc = node_row(info, self._summary(info, {}), now)
         doc["detail"] = topology_detail(topo) if topo is not None else None
         doc["results"] = [result_json(r) for r in self._fleet.results(name, NODE_RESULTS)]
         pending = self._pending(name) if self._pending is not None else ()
@@ -286,7 +319,11 @@ def install(routes: Routes, state: ControllerState, *, draw: Draw | None = None,
             clock: Callable[[], float] = time.time) -> FleetPage:
     """The fleet page's routes: ``/``, ``/nodes/NAME``, ``/api/fleet``, ``/api/node``,
     ``/api/node.svg`` and ``/static/*``."""
-    page = FleetPage(state.fleet, draw=draw, pending=state.pending_plans, clock=clock)
+    def in_use(policy: str) -> Mapping[str, frozenset[int]]:
+        # What the scheduler extender has handed out (its ledger of bound pods and other views).
+        return state.extender.in_use(policy) if state.extender is not None else {}
+
+    page = FleetPage(state.fleet, draw=draw, pending=state.pending_plans, in_use=in_use, clock=clock)
     fleet = state.fleet
 
     async def index(request: Request) -> Response:

@@ -39,6 +39,7 @@ from controller.fleet import (
     RequestSnapshot,
 )
 from controller.http import HttpServer, Routes
+from controller.kubeapi import PodApi
 from controller.metrics import ControllerMetrics
 from controller.routes import install_routes
 from controller.state import ControllerState
@@ -438,6 +439,10 @@ class RunningController:
         await self.server.stop(grace)
         if self.http is not None:
             await self.http.stop()
+        tasks = list(self.hub.state.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         log.info("controller_stopped", address=self.address)
 
 
@@ -482,7 +487,8 @@ def http_ssl_context(cert: str, key: str) -> ssl.SSLContext:
 
 async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None, *,
                            http: str | None = None, http_ssl: ssl.SSLContext | None = None,
-                           http_insecure: bool = False) -> RunningController:
+                           http_insecure: bool = False, kube: PodApi | None = None,
+                           kube_refresh_s: float = 10.0) -> RunningController:
     """Serve Controller, ControllerAdmin, health and reflection on ``listen`` (host:port, port 0 =
     any, or unix:PATH). Plaintext only on loopback; elsewhere ``credentials`` (grpc.ServerCredentials)
     are required. ``http`` (host:port) also opens the HTTP listener (see ``start_http``).
@@ -493,7 +499,7 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     metrics = ControllerMetrics()
     fleet = Fleet()
     metrics.watch(fleet)
-    hub = _Hub(ControllerState(fleet, metrics))
+    hub = _Hub(ControllerState(fleet, metrics, kube=kube, kube_refresh_s=kube_refresh_s))
     server = grpc.aio.server(options=SERVER_OPTIONS)
     apb_grpc.add_ControllerServicer_to_server(ControllerService(hub), server)
     apb_grpc.add_ControllerAdminServicer_to_server(ControllerAdminService(hub), server)
@@ -540,11 +546,13 @@ def open_pem(path: str) -> bytes:
 
 async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials | None, grace: float = 5.0,
                                 signals: Iterable[int] | None = None, *, http: str | None = None,
-                                http_ssl: ssl.SSLContext | None = None, http_insecure: bool = False) -> None:
+                                http_ssl: ssl.SSLContext | None = None, http_insecure: bool = False,
+                                kube: PodApi | None = None, kube_refresh_s: float = 10.0) -> None:
     """Run until SIGTERM/SIGINT, then stop gracefully."""
     import signal
 
-    running = await start_controller(listen, credentials, http=http, http_ssl=http_ssl, http_insecure=http_insecure)
+    running = await start_controller(listen, credentials, http=http, http_ssl=http_ssl, http_insecure=http_insecure,
+                                     kube=kube, kube_refresh_s=kube_refresh_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     sigs = tuple(signals) if signals is not None else (signal.SIGTERM, signal.SIGINT)

@@ -11,9 +11,10 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from controller.fleet import Fleet
+from controller.kubeapi import PodApi
 from controller.metrics import ControllerMetrics
 
 # Changed node names remembered for ``Changes.since``; a watcher further behind reloads everything.
@@ -65,3 +66,10 @@ class ControllerState:
     stopping: bool = False
     # node → (plan_id, dry_run) of the plans sent to it that await a result (the server sets it).
     pending_plans: Callable[[str], Iterable[tuple[str, bool]]] = lambda node: ()
+    # The Kubernetes API server the scheduler extender binds through and reads pods from (None: none).
+    kube: PodApi | None = None
+    kube_refresh_s: float = 10.0
+    # The scheduler extender once installed (controller.extender.Extender).
+    extender: Any = None
+    # Background tasks features start; cancelled when the controller stops.
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)

@@ -27,7 +27,7 @@ from typing import Any, Final
 from memtopo.v1 import topology_pb2 as pb
 from planner import hccs, place, xpu
 from planner.errors import PlanError, unsatisfiable
-from planner.request import as_object, get_int, get_int_list, get_list, parse_json, reject_unknown
+from planner.request import as_object, get_bool, get_int, get_int_list, get_list, parse_json, reject_unknown
 
 POLICIES: Final = ("hccs", "xpu", "place")
 FLEET_KEYS: Final = ("node_names", "allocated")
@@ -36,14 +36,27 @@ HEALTHY_NPU: Final = frozenset({"OK", "Warning"})
 _HALVES: Final = ((0, 1, 2, 3), (4, 5, 6, 7))
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """What a device policy (hccs, xpu) reads from one node's topology before any allocation: the
+    usable device ids and, of those, the ones no process runs on. Depends on the topology only, so a
+    caller that holds many nodes may derive it once per snapshot (``device_view``) and pass it in."""
+
+    healthy: tuple[int, ...]
+    idle: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class FleetNode:
     """A node as the controller holds it: its latest topology (None before its first snapshot)
-    and whether its link is up now."""
+    and whether its link is up now. ``views`` (policy → DeviceView, or the reason the node cannot
+    serve that policy) stands in for deriving them from ``topology`` again; a node with views and
+    no topology is a held node to every policy but place."""
 
     name: str
     topology: pb.MemoryTopology | None
     connected: bool = True
+    views: Mapping[str, DeviceView | str] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,36 +108,83 @@ def _selected(obj: Mapping[str, Any], nodes: Sequence[FleetNode]) -> list[FleetN
     wanted = get_list(obj, "node_names")
     by_name = {n.name: n for n in nodes}
     out: list[FleetNode] = []
+    seen: set[str] = set()
     for name in wanted:
         if not isinstance(name, str) or name not in by_name:
             raise PlanError("invalid_request", f"node_names: {name!r} is not a node the controller holds")
+        if name in seen:
+            raise PlanError("invalid_request", f"node_names: {name!r} appears twice")
+        seen.add(name)
         out.append(by_name[name])
     return out
 
 
-def _hccs_node(name: str, topo: pb.MemoryTopology, allocated: frozenset[int]) -> dict[str, Any]:
+def _hccs_view(topo: pb.MemoryTopology) -> DeviceView:
     npus = _seed_groups(topo, pb.ACCELERATOR_KIND_NPU, "NPU", "hccs-ring")
     unknown = [i for i, a in sorted(npus.items()) if not a.health]
     if unknown:
         raise _UnusableNodeError(f"npu-smi gave no health for NPU{unknown[0]}")
-    healthy = [i for i, a in sorted(npus.items()) if a.health in HEALTHY_NPU]
-    available = [i for i in healthy
-                 if i not in allocated and npus[i].attributes.get("running") != "true"]
-    return {"name": name, "available": available, "capacity": len(healthy)}
+    healthy = tuple(i for i, a in sorted(npus.items()) if a.health in HEALTHY_NPU)
+    return DeviceView(healthy, tuple(i for i in healthy if npus[i].attributes.get("running") != "true"))
 
 
-def _xpu_node(name: str, topo: pb.MemoryTopology, allocated: frozenset[int]) -> dict[str, Any]:
+def _xpu_view(topo: pb.MemoryTopology) -> DeviceView:
     _seed_groups(topo, pb.ACCELERATOR_KIND_XPU, "XPU", "numa-half")
-    return {"name": name, "used": sorted(allocated)}
+    # An agent cannot see which XPUs a device plugin handed out: every XPU is usable until allocated.
+    ids = tuple(range(8))
+    return DeviceView(ids, ids)
 
 
-_NODE_OF: Final = {"hccs": _hccs_node, "xpu": _xpu_node}
-# The device policies: each has REQUEST_KEYS, check_request, parse_request and decide.
+_VIEW_OF: Final = {"hccs": _hccs_view, "xpu": _xpu_view}
+
+
+def device_view(policy: str, topo: pb.MemoryTopology) -> DeviceView | str:
+    """The node's DeviceView for ``policy`` (hccs or xpu), or why the node cannot serve it."""
+    try:
+        return _VIEW_OF[policy](topo)
+    except _UnusableNodeError as exc:
+        return str(exc)
+
+
+def _hccs_node(name: str, view: DeviceView, allocated: frozenset[int]) -> hccs.Node:
+    available = view.idle if not allocated else tuple(i for i in view.idle if i not in allocated)
+    return hccs.Node(name, available, len(view.healthy))
+
+
+def _xpu_node(name: str, view: DeviceView, allocated: frozenset[int]) -> xpu.Node:
+    mask = 0
+    for i in allocated:
+        mask |= 1 << i
+    return xpu.Node(name, mask)
+
+
+Decision = hccs.Decision | xpu.Decision | place.FleetDecision
+# The device policies: each has REQUEST_KEYS, check_request, rank and decide_ranked.
 _MODULE: Final = {"hccs": hccs, "xpu": xpu}
 
 
-def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, Any]:
-    """The policy's decision over ``nodes`` as JSON, plus ``skipped``; PlanError as ``memtopo plan``."""
+@dataclass(frozen=True)
+class Evaluation:
+    """Every node's verdict under one policy: ``decision`` is the policy's ranking (every node with
+    its fit, score or reason; its chosen may be empty), None when no node was usable; ``error`` is
+    what ``decide`` raises (the request cannot be placed), None when it can."""
+
+    policy: str
+    decision: Decision | None
+    skipped: tuple[Skipped, ...]
+    error: PlanError | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The decision as ``memtopo controller place`` prints it; the PlanError when there is none."""
+        if self.error is not None:
+            raise self.error
+        assert self.decision is not None
+        return {**self.decision.to_json(), "skipped": [s.to_json() for s in self.skipped]}
+
+
+def evaluate(policy: str, request: Any, nodes: Sequence[FleetNode]) -> Evaluation:
+    """Rank ``nodes`` under ``policy`` without refusing an unplaceable request (``Evaluation.error``
+    says why it is one); PlanError only for an invalid request. ``decide`` is this plus the refusal."""
     if policy not in POLICIES:
         raise PlanError("invalid_request", f"policy: {policy!r} is not a fleet policy ({', '.join(POLICIES)})")
     body = dict(as_object(request))
@@ -143,38 +203,73 @@ def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, A
         body.pop(key, None)
 
     skipped: list[Skipped] = []
-    usable: list[tuple[str, pb.MemoryTopology]] = []
+    usable: list[FleetNode] = []
     for node in chosen_nodes:
-        if node.topology is None:
+        if node.topology is None and (node.views is None or policy == "place"):
             skipped.append(Skipped(node.name, "no topology yet"))
         elif not node.connected:
             skipped.append(Skipped(node.name, "not connected: its topology may be stale"))
         else:
-            usable.append((node.name, node.topology))
+            usable.append(node)
 
     if policy == "place":
         req = place.parse_request(body)
         if not usable:
-            raise _empty(policy, skipped)
-        fleet = place.rank_nodes(req, [topo for _, topo in usable])
+            return Evaluation(policy, None, tuple(skipped), _empty(policy, skipped))
+        fleet = place.rank_nodes(req, [n.topology for n in usable if n.topology is not None])
+        error = None
         if fleet.chosen is None:
-            raise unsatisfiable("no node can take the allocation",
-                                (f"{r.node}: {r.constraint}: {r.reason}" for r in fleet.rejected), len(fleet.rejected))
-        return {**fleet.to_json(), "skipped": [s.to_json() for s in skipped]}
+            error = unsatisfiable("no node can take the allocation",
+                                  (f"{r.node}: {r.constraint}: {r.reason}" for r in fleet.rejected),
+                                  len(fleet.rejected))
+        return Evaluation(policy, fleet, tuple(skipped), error)
 
-    listed: list[dict[str, Any]] = []
-    for name, topo in usable:
-        try:
-            listed.append(_NODE_OF[policy](name, topo, allocated.get(name, frozenset())))
-        except _UnusableNodeError as exc:
-            skipped.append(Skipped(name, str(exc)))
-    # The policy's own parser checks request size and the derived nodes alike.
-    body["nodes"] = listed
-    if not listed:
-        raise _empty(policy, skipped)
-    device = _MODULE[policy]  # place has returned above
-    doc = device.decide(device.parse_request(body)).to_json()
-    return {**doc, "skipped": [s.to_json() for s in skipped]}
+    # The derived nodes are valid by construction (ids 0–7 from the topology, allocations checked
+    # above, names unique): they go to the policy's ranking without its JSON parser.
+    decision: hccs.Decision | xpu.Decision
+    if policy == "hccs":
+        hnodes = [_hccs_node(n.name, v, allocated.get(n.name, _NONE))
+                  for n, v in _views(policy, usable, skipped)]
+        if not hnodes:
+            return Evaluation(policy, None, tuple(skipped), _empty(policy, skipped))
+        decision = hccs.rank(hccs.Request(hccs.check_request(get_int(body, "request")), tuple(hnodes)))
+    else:
+        xnodes = [_xpu_node(n.name, v, allocated.get(n.name, _NONE)) for n, v in _views(policy, usable, skipped)]
+        if not xnodes:
+            return Evaluation(policy, None, tuple(skipped), _empty(policy, skipped))
+        decision = xpu.rank(xpu.Request(xpu.check_request(get_int(body, "request")), tuple(xnodes),
+                                        get_bool(body, "cross_half_fallback", False)))
+    error = None
+    try:
+        if isinstance(decision, hccs.Decision):
+            hccs.decide_ranked(decision)
+        else:
+            xpu.decide_ranked(decision)
+    except PlanError as exc:
+        error = exc
+    return Evaluation(policy, decision, tuple(skipped), error)
+
+
+_NONE: Final[frozenset[int]] = frozenset()
+
+
+def _views(policy: str, usable: Sequence[FleetNode], skipped: list[Skipped]) -> list[tuple[FleetNode, DeviceView]]:
+    out: list[tuple[FleetNode, DeviceView]] = []
+    for node in usable:
+        view = node.views.get(policy) if node.views is not None else None
+        if view is None:
+            assert node.topology is not None
+            view = device_view(policy, node.topology)
+        if isinstance(view, str):
+            skipped.append(Skipped(node.name, view))
+        else:
+            out.append((node, view))
+    return out
+
+
+def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, Any]:
+    """The policy's decision over ``nodes`` as JSON, plus ``skipped``; PlanError as ``memtopo plan``."""
+    return evaluate(policy, request, nodes).to_json()
 
 
 def decide_json(policy: str, request_json: str | bytes, nodes: Sequence[FleetNode]) -> dict[str, Any]:
@@ -192,31 +287,29 @@ def _empty(policy: str, skipped: Sequence[Skipped]) -> PlanError:
                          len(skipped))
 
 
-def device_view(topo: pb.MemoryTopology, allocated: frozenset[int] = frozenset()) -> dict[str, Any] | None:
-    """What the hccs or xpu policy sees of one node, for display: derived exactly as ``decide`` derives
-    it (``allocated`` as there). None for a node with neither NPUs nor XPUs; ``unusable`` with the
-    reason for one the policy cannot use.
+def node_device_view(topo: pb.MemoryTopology) -> tuple[str, DeviceView | str] | None:
+    """The device policy a node's accelerators belong to (hccs for NPUs, xpu for XPUs) and its
+    DeviceView under it (or why the node cannot serve it); None for a node with neither."""
+    kinds = {a.kind for a in topo.accelerators}
+    policy = ("hccs" if pb.ACCELERATOR_KIND_NPU in kinds else "xpu" if pb.ACCELERATOR_KIND_XPU in kinds
+              else None)
+    return (policy, device_view(policy, topo)) if policy is not None else None
+
+
+def view_json(policy: str, view: DeviceView | str, allocated: frozenset[int] = _NONE) -> dict[str, Any]:
+    """What ``policy`` sees of a node with ``allocated`` handed out, for display; derived as
+    ``evaluate`` derives its nodes. ``unusable``: why the policy cannot use the node.
 
     hccs: the available NPUs, the free count of each ring and, per pod size, the priority group
     (A–D) the node falls into (None: the pod does not fit). xpu: the used XPUs and the node's MTF.
     """
-    kinds = {a.kind for a in topo.accelerators}
-    name = topo.node_name
-    if pb.ACCELERATOR_KIND_NPU in kinds:
-        try:
-            node = _hccs_node(name, topo, allocated)
-        except _UnusableNodeError as exc:
-            return {"policy": "hccs", "unusable": str(exc)}
-        available: list[int] = node["available"]
-        rings = [sum(1 for i in available if i in half) for half in _HALVES]
+    if isinstance(view, str):
+        return {"policy": policy, "unusable": view}
+    if policy == "hccs":
+        node = _hccs_node("", view, allocated)
+        rings = [sum(1 for i in node.available if i in half) for half in _HALVES]
         fits = {str(size): hccs.group_of(size, rings[0], rings[1]) for size in (1, 2, 4, hccs.NODE_NPUS)}
-        return {"policy": "hccs", "available": available, "capacity": node["capacity"],
+        return {"policy": policy, "available": list(node.available), "capacity": node.capacity,
                 "ring_free": rings, "free_rings": sum(1 for r in rings if r == hccs.RING_NPUS), "groups": fits}
-    if pb.ACCELERATOR_KIND_XPU in kinds:
-        try:
-            used: list[int] = _xpu_node(name, topo, allocated)["used"]
-        except _UnusableNodeError as exc:
-            return {"policy": "xpu", "unusable": str(exc)}
-        occupancy = sum(1 << i for i in used)
-        return {"policy": "xpu", "used": used, "mtf": xpu.mtf(occupancy)}
-    return None
+    used = _xpu_node("", view, allocated)
+    return {"policy": policy, "used": list(used.used), "mtf": xpu.mtf(used.occupancy)}

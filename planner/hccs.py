@@ -400,7 +400,11 @@ def _unsatisfiable(decision: Decision) -> PlanError:
 
 def decide(req: Request) -> Decision:
     """``rank`` for one job; PlanError("unsatisfiable") naming each node's reason when it cannot be placed."""
-    decision = rank(req)
+    return decide_ranked(rank(req))
+
+
+def decide_ranked(decision: Decision) -> Decision:
+    """``decision`` when it places the job, else the PlanError ``decide`` raises."""
     if not decision.chosen:
         raise _unsatisfiable(decision)
     return decision

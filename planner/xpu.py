@@ -407,9 +407,13 @@ def rank(req: Request) -> Decision:
 
 def decide(req: Request) -> Decision:
     """``rank`` for one task; PlanError("unsatisfiable") naming each node's reason when no node fits."""
-    decision = rank(req)
+    return decide_ranked(rank(req))
+
+
+def decide_ranked(decision: Decision) -> Decision:
+    """``decision`` when a node takes the task, else the PlanError ``decide`` raises."""
     if decision.chosen is None:
         reasons = (f"{node.name}: {outcome.reason}"
                    for node, outcome in zip(decision.ranked, decision.outcomes, strict=True))
-        raise unsatisfiable(f"no node can take {req.request} XPUs", reasons, len(decision.ranked))
+        raise unsatisfiable(f"no node can take {decision.request} XPUs", reasons, len(decision.ranked))
     return decision

@@ -70,12 +70,16 @@ def join(fleet: Fleet, topo: pb.MemoryTopology, instance: str = "i1") -> int:
 
 
 # ---- what the page shows of a node ------------------------------------------------------------------
+def shown(topo: pb.MemoryTopology, allocated: frozenset[int] = frozenset()) -> dict[str, Any] | None:
+    return fleet_page.topology_summary(topo, allocated)["devices"]  # type: ignore[no-any-return]
+
+
 def test_device_view_is_what_the_hccs_and_xpu_policies_see() -> None:
     def busy(topo: pb.MemoryTopology) -> None:
         npu(1, running="true", processes="4242")(topo)
         npu(5, health="Alarm")(topo)
 
-    view = fleet_policies.device_view(topology("910", "n", busy))
+    view = shown(topology("910", "n", busy))
     assert view is not None
     # NPU1 runs a process and NPU5 is unhealthy: ring 0–3 keeps 3 free, ring 4–7 3 of 7 healthy.
     assert view["available"] == [0, 2, 3, 4, 6, 7]
@@ -86,24 +90,29 @@ def test_device_view_is_what_the_hccs_and_xpu_policies_see() -> None:
     doc = fleet_policies.decide("hccs", {"request": 1}, [node("910", "n", busy)])
     assert doc["nodes"][0]["available"] == view["available"]
 
-    free = fleet_policies.device_view(topology("910", "f"))
+    allocated = shown(topology("910", "n", busy), frozenset({0, 4}))
+    assert allocated is not None and (allocated["available"], allocated["ring_free"]) == ([2, 3, 6, 7], [2, 2])
+    doc = fleet_policies.decide("hccs", {"request": 1, "allocated": {"n": [0, 4]}}, [node("910", "n", busy)])
+    assert doc["nodes"][0]["available"] == allocated["available"]
+
+    free = shown(topology("910", "f"))
     assert free is not None and (free["ring_free"], free["free_rings"], free["groups"]["8"]) == ([4, 4], 2, "A")
 
     p800 = topology("p800", "x")
-    assert fleet_policies.device_view(p800) == {"policy": "xpu", "used": [], "mtf": 1}
-    used = fleet_policies.device_view(p800, frozenset({0, 1, 4}))
+    assert shown(p800) == {"policy": "xpu", "used": [], "mtf": 1}
+    used = shown(p800, frozenset({0, 1, 4}))
     assert used == {"policy": "xpu", "used": [0, 1, 4], "mtf": xpu.mtf(0b10011)}
 
     def ringless(topo: pb.MemoryTopology) -> None:
         del topo.accelerator_groups[:]
 
-    assert fleet_policies.device_view(topology("910", "r", ringless)) == {
+    assert shown(topology("910", "r", ringless)) == {
         "policy": "hccs", "unusable": "no hccs-ring group NPU0–NPU3 in its topology"}
 
     def no_accelerators(topo: pb.MemoryTopology) -> None:
         del topo.accelerators[:]
 
-    assert fleet_policies.device_view(topology("p800", "plain", no_accelerators)) is None
+    assert shown(topology("p800", "plain", no_accelerators)) is None
 
 
 def test_summary_totals_and_degraded_sources_are_bounded() -> None:
@@ -162,6 +171,38 @@ def test_a_new_snapshot_replaces_the_cached_summary() -> None:
     second = asyncio.run(page.fleet_json())["nodes"][0]
     assert second["generation"] == first["generation"] + 1
     assert second["topology"]["devices"]["available"] == list(range(1, 8))
+
+
+class InUse:
+    """A stand-in for the scheduler extender's device views (its ledger of bound pods)."""
+
+    def __init__(self, allocated: dict[str, dict[str, frozenset[int]]]) -> None:
+        self.allocated = allocated
+        self.asked: list[str] = []
+
+    def in_use(self, policy: str) -> dict[str, frozenset[int]]:
+        self.asked.append(policy)
+        return self.allocated.get(policy, {})
+
+
+def test_rows_show_the_devices_the_scheduler_extender_handed_out() -> None:
+    fleet = Fleet()
+    join(fleet, topology("p800", "x1"))
+    join(fleet, topology("p800", "x2"))
+    join(fleet, topology("910", "n1"))
+    state = ControllerState(fleet, ControllerMetrics())
+    ledger = InUse({"xpu": {"x2": frozenset({0, 1, 4})}, "hccs": {"n1": frozenset({0, 1, 2, 3})}})
+    state.extender = ledger
+    page = fleet_page.install(Routes(), state)
+    rows = {r["name"]: r["topology"]["devices"] for r in asyncio.run(page.fleet_json())["nodes"]}
+    assert rows["x1"] == {"policy": "xpu", "used": [], "mtf": 1}
+    assert rows["x2"] == {"policy": "xpu", "used": [0, 1, 4], "mtf": xpu.mtf(0b10011)}
+    assert (rows["n1"]["available"], rows["n1"]["free_rings"], rows["n1"]["groups"]["8"]) == ([4, 5, 6, 7], 1, None)
+    assert sorted(ledger.asked) == ["hccs", "xpu"]  # once per policy per answer, not once per node
+    # A later allocation shows on the next poll: the snapshot is unchanged, the view is not cached.
+    ledger.allocated["xpu"] = {"x1": frozenset({7})}
+    doc = asyncio.run(page.node_json("x1"))
+    assert doc is not None and doc["topology"]["devices"]["used"] == [7]
 
 
 def test_node_json_lists_results_newest_first_and_plans_in_flight() -> None:

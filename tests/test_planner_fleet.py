@@ -161,6 +161,7 @@ def test_place_ranks_connected_nodes_and_reports_the_rest() -> None:
     ("xpu", {"request": 1, "allocated": {"nobody": [1]}}, "allocated: 'nobody'"),
     ("xpu", {"request": 1, "allocated": {"x1": [8]}}, "allocated.x1: id 8 is outside 0–7"),
     ("xpu", {"request": 1, "node_names": ["x9"]}, "node_names: 'x9'"),
+    ("xpu", {"request": 1, "node_names": ["x1", "x1"]}, "node_names: 'x1' appears twice"),
     ("place", {"cpus": 1, "allocated": {}}, "allocated: place takes no device allocations"),
     ("sort", {"request": 1}, "policy: 'sort' is not a fleet policy"),
     ("xpu", [1, 2], "request"),
