@@ -28,15 +28,22 @@ LINE = 14
 PAD = 8
 GAP = 10
 MAX_W = 1400
-DOMAIN_W = 236
-CARD_W = 116
+DOMAIN_W = 250
+DOMAIN_W_COMPACT = 214
+CARD_W = 122
 CARD_H = 46
 CARD_GAP = 6
-CARDS_PER_ROW = 4
+CARD_W_SMALL = 118
+CARD_H_SMALL = 33
+SMALL_CARDS_FROM = 32  # accelerators on the node
 GRAPH_MAX_DOMAINS = 16  # above this the interconnect is a SLIT matrix, not a graph
 GRAPH_ALL_PAIRS = 12  # up to this many pairs every edge is drawn; above, the commonest distance is not
 GRAPH_MAX_EDGES = 40
 PERF_ROWS = 10
+TEXT_ROWS = 40  # lines of a text panel (degraded sources)
+CXL_ROWS = 400  # every region of a real host, but not a hostile message's millions
+MATRIX_MAX = 128  # domains or accelerators: above, a matrix would be mostly area (and n² work)
+LABEL_SPOTS = (0.5, 0.36, 0.64, 0.24, 0.76)  # where along an edge its label may sit
 
 TYPE_CLASS = {
     pb.MEMORY_DOMAIN_TYPE_DRAM: "dram", pb.MEMORY_DOMAIN_TYPE_HBM: "hbm",
@@ -60,6 +67,10 @@ LINK_COLORS = {
     "XL": "#1f77b4", "PIX": "#8fa9c4", "PXB": "#a9bdd2", "PHB": "#c3d1e0", "NODE": "#d9e1ea",
     "SYS": "#eceff3",
 }
+PERF_WORD = {
+    pb.PERFORMANCE_SOURCE_HMAT: "HMAT", pb.PERFORMANCE_SOURCE_HWLOC_MEMATTR: "hwloc",
+    pb.PERFORMANCE_SOURCE_VENDOR_API: "vendor", pb.PERFORMANCE_SOURCE_NOMINAL: "nominal",
+}
 PCI_CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 OTHER_LINK = "#b0b0b0"
 NEAR_RGB = (27, 79, 150)
@@ -69,14 +80,13 @@ STYLE = "".join([
     "text{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;font-size:11px;fill:#1d2530}",
     ".h{font-size:17px;font-weight:bold}.t{font-size:13px;font-weight:bold}.b{font-weight:bold}",
     ".s{font-size:10px;fill:#4a5563}.m{font-size:9px}.w{fill:#fff}",
-    ".lb{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}",
     ".pk{fill:#f5f7f9;stroke:#8a96a3}.sec{fill:none;stroke:#c9d1da}",
     ".nc{stroke-dasharray:5 3;stroke-width:1.6}",
     ".card{fill:#fff;stroke:#6b7684}.gm{fill:#f4fbf5;stroke:#36904a;stroke-dasharray:3 2}",
     ".bar{fill:#fff;stroke:#9aa5b1;stroke-width:.6}.used{fill:#93aac2}",
-    ".ok{fill:#2f9a3c}.warn{fill:#e0a020}.bad{fill:#d0342c}.unk{fill:#a8b0b8}",
+    ".hok{fill:#2f9a3c}.hwarn{fill:#e0a020}.hbad{fill:#d0342c}.hunk{fill:#fff;stroke:#8a96a3}",
     ".e{fill:none;stroke:#5a6b7d}.ecxl{fill:none;stroke:#8547b8;stroke-dasharray:6 3}",
-    ".grid{fill:none;stroke:#c9d1da;stroke-width:.5}",
+    ".grid{fill:none;stroke:#c9d1da;stroke-width:.5}.sw{stroke:#6b7684;stroke-width:.5}",
     *(f".{k}{{fill:{f};stroke:{s}}}" for k, (f, s) in DOMAIN_COLORS.items()),
 ])
 
@@ -128,7 +138,7 @@ def compact_ids(ids: Sequence[str]) -> str:
 
 def compact_cpus(cpus: Sequence[int], room: int = 30) -> str:
     """A cpulist short enough for a box: interleaved sets (SNC, POWER) as a stride, long ones cut."""
-    ids = sorted(cpus)
+    ids = sorted(set(cpus))
     if not ids:
         return "none"
     text = format_cpulist(ids)
@@ -136,8 +146,10 @@ def compact_cpus(cpus: Sequence[int], room: int = 30) -> str:
         return text
     step = ids[1] - ids[0] if len(ids) > 2 else 0
     if step > 1 and all(b - a == step for a, b in itertools.pairwise(ids)):
-        return f"{ids[0]},{ids[1]},…,{ids[-1]} (every {step})"
-    return text[:max(1, room - 1)].rsplit(",", 1)[0] + ",…"
+        return f"{ids[0]},{ids[1]},…,{ids[-1]}"
+    # Cut between whole elements ("0-3,8-11,…"), never inside a number or a range.
+    cut = text.rfind(",", 0, room)
+    return (text[:cut] if cut > 0 else text.split(",", 1)[0]) + ",…"
 
 
 # --- SVG fragments -------------------------------------------------------------------------------
@@ -205,6 +217,19 @@ def _flow(blocks: Iterable[Block], max_w: int, gap: int = GAP) -> Block:
     return out
 
 
+def _text_block(rows: Sequence[tuple[str, str]], max_w: int = 560, max_rows: int = TEXT_ROWS) -> Block:
+    """Lines of text (text, class), each cut to ``max_w``; past ``max_rows`` the rest are counted."""
+    if len(rows) > max_rows:
+        rows = [*rows[:max_rows - 1], (f"… {len(rows) - max_rows + 1} more lines (--format json has them)", "s")]
+    b = Block(0, LINE * len(rows))
+    for k, (text, c) in enumerate(rows):
+        size = 10 if "s" in c.split() else FONT
+        text = _fit(text, max_w, size)
+        b.parts.append(_text(0, LINE * k + 11, text, c))
+        b.w = max(b.w, _text_w(text, size))
+    return b
+
+
 def _section(title: str, body: Block, note: str = "") -> Block:
     """A titled frame around a body."""
     out = Block(max(body.w, _text_w(title, 13) + _text_w(note, 10) + 20) + 2 * PAD, body.h + 2 * PAD + 20)
@@ -224,22 +249,22 @@ def _perf_text(p: pb.LinkPerformance) -> str:
     bw = p.read_bandwidth_mbps or p.write_bandwidth_mbps
     lat = p.read_latency_ns or p.write_latency_ns
     parts = ([_bandwidth(bw)] if bw else []) + ([f"{lat} ns"] if lat else [])
-    return " ".join(parts)
+    return ", ".join(parts)
 
 
 def _bandwidth(mbps: int) -> str:
-    return f"{mbps / 1000:.1f} GB/s" if mbps >= 10000 else f"{mbps} MB/s"
+    return f"{mbps / 1000:.3g} GB/s" if mbps >= 10000 else f"{mbps} MB/s"
 
 
 def _health_class(health: str) -> str:
     h = health.strip().lower()
     if not h:
-        return "unk"
+        return "hunk"
     if h in ("ok", "healthy", "normal", "good", "pass", "passed"):
-        return "ok"
+        return "hok"
     if h in ("warning", "warn", "degraded", "minor", "general warning"):
-        return "warn"
-    return "bad"
+        return "hwarn"
+    return "hbad"
 
 
 @dataclass
@@ -254,6 +279,16 @@ class _Model:
     accels: list[pb.Accelerator]
     home: dict[str, int]  # accelerator id → the domain it is local to
     free_known: bool
+    compact: bool = False  # many domains: smaller boxes
+    flat_packages: bool = False  # every package holds one domain and there are many: no package frames
+
+    @property
+    def small_cards(self) -> bool:
+        return len(self.accels) >= SMALL_CARDS_FROM
+
+    @property
+    def domain_w(self) -> int:
+        return DOMAIN_W_COMPACT if self.compact else DOMAIN_W
 
     @classmethod
     def of(cls, topo: pb.MemoryTopology) -> _Model:
@@ -273,7 +308,11 @@ class _Model:
                 home[a.id] = node_domain[a.numa_node]
         # Free memory is 0 everywhere in an hwloc XML export: unknown, not full.
         free_known = any(d.free_bytes for d in domains)
-        return cls(topo, domains, by_id, node_domain, node_packages, accels, home, free_known)
+        m = cls(topo, domains, by_id, node_domain, node_packages, accels, home, free_known)
+        m.compact = len(domains) > GRAPH_MAX_DOMAINS
+        groups = _package_groups(m)
+        m.flat_packages = m.compact and all(len(doms) == 1 for _, doms in groups)
+        return m
 
     def packages_of(self, d: pb.MemoryDomain) -> list[int]:
         return sorted({p for n in d.numa_nodes for p in self.node_packages.get(n, [])})
@@ -285,102 +324,124 @@ class _Model:
 
 # --- boxes ---------------------------------------------------------------------------------------
 
-def _accel_card(a: pb.Accelerator) -> Block:
-    b = Block(CARD_W, CARD_H)
-    model = a.model if a.model.lower().startswith(a.vendor.lower()) else f"{a.vendor} {a.model}".strip()
-    memory = human_bytes(a.memory_bytes) if a.memory_bytes else "memory ?"
-    title = "  ".join(x for x in (a.id, model, a.uuid, a.bdf, memory, f"health {a.health or '?'}") if x)
-    b.parts.append(_rect(0.5, 0.5, CARD_W - 1, CARD_H - 1, "card", rx=4, title=title))
-    b.parts.append(f'<circle cx="{CARD_W - 10}" cy="10" r="5" class="{_health_class(a.health)}"/>')
-    b.parts.append(_text(6, 14, _fit(a.id, CARD_W - 24), "b"))
-    b.parts.append(_text(6, 27, _fit(model or "?", CARD_W - 10, 10), "s"))
-    b.parts.append(_text(6, 40, _fit(f"{memory} · {a.health or 'health ?'}", CARD_W - 10, 10), "s"))
+def _accel_card(a: pb.Accelerator, small: bool) -> Block:
+    """An accelerator: id and health dot, model, memory. ``small`` (many accelerators) folds model and
+    memory into one line."""
+    w, h = (CARD_W_SMALL, CARD_H_SMALL) if small else (CARD_W, CARD_H)
+    b = Block(w, h)
+    vendor_model = a.model if a.model.lower().startswith(a.vendor.lower()) else f"{a.vendor} {a.model}".strip()
+    # The card has room for the model only; the vendor and the rest are in the tooltip.
+    model = a.model.removeprefix(a.vendor).strip() or a.model or "model ?"
+    memory = human_bytes(a.memory_bytes).replace(".0 ", " ") if a.memory_bytes else "memory ?"
+    health = _health_class(a.health)
+    title = "  ".join(x for x in (a.id, vendor_model, a.uuid, a.bdf, memory, f"health {a.health or '?'}") if x)
+    b.parts.append(_rect(0.5, 0.5, w - 1, h - 1, "card", rx=4, title=title))
+    b.parts.append(f'<circle cx="{w - 10}" cy="10" r="5" class="{health}"/>')
+    b.parts.append(_text(6, 14, _fit(a.id, w - 24), "b"))
+    sick = f" · {a.health}" if health in ("hwarn", "hbad") else ""
+    if small:
+        b.parts.append(_text(6, 27, _fit(f"{model} · {memory}{sick}", w - 10, 10), "s"))
+    else:
+        b.parts.append(_text(6, 27, _fit(model, w - 10, 10), "s"))
+        b.parts.append(_text(6, 40, _fit(memory + sick, w - 10, 10), "s"))
     return b
 
 
-def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0) -> Block:
-    per_row = max(1, min(len(accels), max(CARDS_PER_ROW, (min_w + CARD_GAP) // (CARD_W + CARD_GAP))))
-    return _flow((_accel_card(a) for a in accels), per_row * (CARD_W + CARD_GAP) - CARD_GAP, CARD_GAP)
+def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False) -> Block:
+    """A near-square grid of cards, at least as wide as ``min_w`` allows."""
+    w = CARD_W_SMALL if small else CARD_W
+    fit = (min_w + CARD_GAP) // (w + CARD_GAP)
+    per_row = max(1, min(len(accels), max(fit, math.ceil(math.sqrt(len(accels))))))
+    return _flow((_accel_card(a, small) for a in accels), per_row * (w + CARD_GAP) - CARD_GAP, CARD_GAP)
 
 
-def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, str]]:
-    nodes = format_cpulist(d.numa_nodes) or "-"
-    lines = [(f"node{'s' if len(d.numa_nodes) > 1 else ''} {nodes}", "s")]
+def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, str, bool]]:
+    """(text, class, bar below) for each line of a domain box."""
+    nodes = f"node{'s' if len(d.numa_nodes) > 1 else ''} {format_cpulist(d.numa_nodes) or '-'}"
+    lines: list[tuple[str, str, bool]] = []
+    if m.flat_packages and d.attached_cpus:
+        packages = m.packages_of(d)
+        lines.append((f"package{'s' if len(packages) > 1 else ''} {format_cpulist(packages) or '?'}", "s", False))
     if d.attached_cpus:
-        lines.append((f"CPUs {compact_cpus(d.attached_cpus)} ({len(d.attached_cpus)})", ""))
+        lines.append((f"{nodes} · CPUs {compact_cpus(d.attached_cpus)} ({len(d.attached_cpus)})", "", False))
     else:
-        near = sorted({o.id for o in m.domains if o.id != d.id and set(o.attached_cpus) & set(d.local_cpus)})
+        near = _near(m, d)
         where = f" (domain {format_cpulist(near)})" if near else ""
-        lines.append((f"no CPUs; near CPUs {compact_cpus(d.local_cpus, 16)}{where}" if d.local_cpus
-                      else "no CPUs; no initiator known", "s"))
+        lines.append((f"{nodes} · no CPUs", "", False))
+        lines.append((f"near CPUs {compact_cpus(d.local_cpus, 16)}{where}" if d.local_cpus
+                      else "no initiator known", "s", False))
     free = f", {human_bytes(d.free_bytes)} free" if m.free_known else ""
-    lines.append((f"{human_bytes(d.capacity_bytes)}{free}", ""))
-    tier = []
-    if d.kernel_tier >= 0:
-        tier.append(f"memory_tier{d.kernel_tier}")
-    if d.hwloc_tier >= 0:
-        tier.append(f"hwloc tier {d.hwloc_tier}")
+    lines.append((f"{human_bytes(d.capacity_bytes)}{free}", "", m.free_known and d.capacity_bytes > 0))
+    tier = [f"{who} tier {t}" for who, t in (("kernel", d.kernel_tier), ("hwloc", d.hwloc_tier)) if t >= 0]
+    if tier:
+        lines.append((" · ".join(tier), "s", False))
     perf = _perf_text(d.local_performance)
-    if tier or perf:
-        lines.append(("  ".join([*tier, *([f"local {perf}"] if perf else [])]), "s"))
+    if perf:
+        lines.append((f"{PERF_WORD.get(d.local_performance.source, '')} local {perf}".strip(), "s", False))
     if 0 <= d.cxl_region < len(m.topo.cxl_regions):
         r = m.topo.cxl_regions[d.cxl_region]
-        lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way)", "s"))
+        lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way)", "s", False))
+    owners = [a.id for a in m.accels if set(a.memory_numa_nodes) & set(d.numa_nodes)]
+    if owners and d.type != pb.MEMORY_DOMAIN_TYPE_UNIFIED:
+        lines.append((f"memory of {compact_ids(owners)}", "s", False))
     if d.memory_side_caches:
-        c = d.memory_side_caches[0]
-        lines.append((f"memory-side cache {human_bytes(c.size_bytes)}", "s"))
+        lines.append((f"memory-side cache {human_bytes(d.memory_side_caches[0].size_bytes)}", "s", False))
     if d.note:
-        lines.append((d.note, "s"))
-    return [(_fit(t, width - 2 * PAD, 10 if c == "s" else FONT), c) for t, c in lines]
+        lines.append((d.note, "s", False))
+    return [(_fit(t, width - 2 * PAD, 10 if c == "s" else FONT), c, bar) for t, c, bar in lines]
 
 
-def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator]) -> Block:
+def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator], min_w: int) -> Block:
     """One memory domain; a Unified domain holds its accelerators (their memory is this memory)."""
-    gpu = _cards(inside) if inside else Block(0, 0)
-    width = max(DOMAIN_W, gpu.w + 2 * PAD + 2 * PAD if inside else 0)
+    gpu = _cards(inside, min_w - 4 * PAD, m.small_cards) if inside else Block(0, 0)
+    width = max(min_w, gpu.w + 4 * PAD if inside else 0)
     lines = _domain_lines(m, d, width)
-    cls = TYPE_CLASS.get(d.type, "unk")
-    kind = TYPE_WORD.get(d.type, "memory") + (f" · {d.subtype}" if d.subtype else "")
-    bar_at = 1 + next(i for i, (t, _) in enumerate(lines) if t.startswith(human_bytes(d.capacity_bytes)))
-    y = 8 + LINE * (len(lines) + 1) + 6
-    h = y + (gpu.h + 2 * PAD + 18 if inside else 0) + 2
-    b = Block(width, h)
-    nc = " nc" if not d.attached_cpus else ""
-    b.parts.append(_rect(0.5, 0.5, width - 1, h - 1, cls + nc, rx=5))
-    b.parts.append(_text(PAD, 8 + 12, f"domain {d.id}", "b"))
-    b.parts.append(_text(width - PAD, 8 + 12, _fit(kind, width - 90), "b", "end"))
-    ty = 8 + 12
-    for i, (t, c) in enumerate(lines):
-        ty += LINE + (6 if i == bar_at else 0)
-        b.parts.append(_text(PAD, ty, t, c))
-        if i + 1 == bar_at and m.free_known and d.capacity_bytes:
+    kind = TYPE_WORD.get(d.type, "memory")
+    if d.subtype and d.subtype.lower().replace(" ", "") != kind.lower().replace(" ", ""):
+        kind += f" · {d.subtype}"
+    parts: list[str] = [_text(PAD, 20, f"domain {d.id}", "b"),
+                        _text(width - PAD, 20, _fit(kind, width - 2 * PAD - _text_w(f"domain {d.id}") - 16), "b",
+                              "end")]
+    y = 20
+    for text, cls, bar in lines:
+        y += LINE
+        parts.append(_text(PAD, y, text, cls))
+        if bar:
             used = max(0.0, min(1.0, 1 - d.free_bytes / d.capacity_bytes))
-            bw = width - 2 * PAD
-            b.parts.append(_rect(PAD, ty + 4, bw, 5, "bar"))
+            parts.append(_rect(PAD, y + 4, width - 2 * PAD, 5, "bar"))
             if used:
-                b.parts.append(_rect(PAD, ty + 4, round(bw * used), 5, "used"))
+                parts.append(_rect(PAD, y + 4, round((width - 2 * PAD) * used), 5, "used"))
+            y += 7
+    y += PAD
     if inside:
-        fabric = m.fabric(d)
-        bws = sorted({_perf_text(f.a_to_b) for f in fabric} - {""})
-        label = "GPU memory, coherent" + (f" over C2C {', '.join(bws)}" if bws else "")
-        gy = y
-        frame = Block(gpu.w + 2 * PAD, gpu.h + 2 * PAD + 16)
+        bws = sorted({_perf_text(f.a_to_b) for f in m.fabric(d)} - {""})
+        nodes = format_cpulist(sorted({n for a in inside for n in a.memory_numa_nodes}))
+        plural = "s" if "," in nodes or "-" in nodes else ""
+        label = "GPU memory" + (f" (node{plural} {nodes})" if nodes else "")
+        label += f" ⇄ CPU {', '.join(bws)}" if bws else ""
+        frame = Block(width - 2 * PAD, gpu.h + 2 * PAD + 16)
         frame.parts.append(_rect(0.5, 0.5, frame.w - 1, frame.h - 1, "gm", rx=4))
         frame.parts.append(_text(PAD, 13, _fit(label, frame.w - 2 * PAD, 10), "s"))
         frame.put(gpu, PAD, 16 + PAD // 2)
-        b.put(frame, PAD, gy)
-    return b
+        box = Block(width, y + frame.h + PAD)
+        box.put(frame, PAD, y)
+    else:
+        box = Block(width, y)
+    nc = "" if d.attached_cpus else " nc"
+    box.parts[:0] = [_rect(0.5, 0.5, width - 1, box.h - 1, TYPE_CLASS.get(d.type, "unk") + nc, rx=5), *parts]
+    return box
 
 
 def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
+    """A domain box with the accelerators local to it underneath, as wide as their cards."""
     mine = [a for a in m.accels if m.home.get(a.id) == d.id]
     unified = d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED
     inside = [a for a in mine if unified and a.unified_memory]
     below = [a for a in mine if a not in inside]
-    box = _domain_box(m, d, inside)
+    cards = _cards(below, m.domain_w, m.small_cards) if below else Block(0, 0)
+    box = _domain_box(m, d, inside, max(m.domain_w, cards.w))
     if not below:
         return box
-    cards = _cards(below, box.w)
     col = Block(max(box.w, cards.w), box.h + 12 + cards.h)
     col.put(box, 0, 0)
     # A short stem says "local to the domain above".
@@ -404,8 +465,8 @@ def _package_block(m: _Model, packages: list[int], domains: list[pb.MemoryDomain
     return b
 
 
-def _packages(m: _Model) -> tuple[list[Block], list[pb.MemoryDomain]]:
-    """Domains with CPUs grouped by the packages they share; the CPU-less ones returned apart."""
+def _package_groups(m: _Model) -> list[tuple[list[int], list[pb.MemoryDomain]]]:
+    """Domains with CPUs grouped by the packages they share (a union over shared package ids)."""
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:
@@ -415,7 +476,6 @@ def _packages(m: _Model) -> tuple[list[Block], list[pb.MemoryDomain]]:
         return x
 
     with_cpus = [d for d in m.domains if d.attached_cpus]
-    cpuless = [d for d in m.domains if not d.attached_cpus]
     for d in with_cpus:
         pk = m.packages_of(d)
         for p in pk[1:]:
@@ -424,13 +484,16 @@ def _packages(m: _Model) -> tuple[list[Block], list[pb.MemoryDomain]]:
     for d in with_cpus:
         pk = m.packages_of(d)
         groups.setdefault(find(pk[0]) if pk else -1, []).append(d)
-    blocks = []
-    for key in sorted(groups, key=lambda k: (k < 0, min(_pk for d in groups[k] for _pk in m.packages_of(d))
-                                             if k >= 0 else 0)):
-        doms = groups[key]
-        pk = sorted({p for d in doms for p in m.packages_of(d)})
-        blocks.append(_package_block(m, pk, doms))
-    return blocks, cpuless
+    out = [(sorted({p for d in doms for p in m.packages_of(d)}), doms) for doms in groups.values()]
+    return sorted(out, key=lambda g: (not g[0], g[0][:1], g[1][0].id))
+
+
+def _packages(m: _Model) -> Block:
+    groups = _package_groups(m)
+    if m.flat_packages:
+        # Many one-domain packages: the frames would double the area; the box names its package.
+        return _flow((_domain_column(m, d) for _, doms in groups for d in doms), MAX_W)
+    return _flow((_package_block(m, pk, doms) for pk, doms in groups), MAX_W)
 
 
 # --- panels --------------------------------------------------------------------------------------
@@ -455,8 +518,15 @@ def _slit_matrix(m: _Model) -> tuple[list[int], list[list[int]]]:
 
 
 def _pairs(m: _Model) -> list[pb.MemoryInterconnect]:
-    return sorted((i for i in m.topo.interconnects if i.domain_a != i.domain_b and
-                   i.domain_a in m.by_id and i.domain_b in m.by_id), key=lambda i: (i.domain_a, i.domain_b))
+    """One link per pair of known domains, in pair order (a repeated pair keeps its first in that order)."""
+    def key(i: pb.MemoryInterconnect) -> tuple[int, int, int, int, int, str, str]:
+        return (i.domain_a, i.domain_b, i.distance_a_to_b, i.distance_b_to_a, i.link_type, _perf_text(i.a_to_b),
+                _perf_text(i.b_to_a))
+    out: dict[tuple[int, int], pb.MemoryInterconnect] = {}
+    for i in sorted((i for i in m.topo.interconnects if i.domain_a != i.domain_b and
+                     i.domain_a in m.by_id and i.domain_b in m.by_id), key=key):
+        out.setdefault((i.domain_a, i.domain_b), i)
+    return list(out.values())
 
 
 def _perf_rows(m: _Model) -> list[str]:
@@ -469,31 +539,62 @@ def _perf_rows(m: _Model) -> list[str]:
     return rows
 
 
+def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
+def _near(m: _Model, d: pb.MemoryDomain) -> list[int]:
+    """The domains whose CPUs are local to a CPU-less domain's memory (its initiators)."""
+    local = set(d.local_cpus)
+    return [o.id for o in m.domains if o.id != d.id and local.intersection(o.attached_cpus)]
+
+
+def _ring_order(m: _Model) -> list[pb.MemoryDomain]:
+    """Domains with CPUs package by package, each followed by the CPU-less ones near it, so that the
+    short edges of the ring join neighbours."""
+    placed: set[int] = set()
+    order: list[pb.MemoryDomain] = []
+    cpuless = [d for d in m.domains if not d.attached_cpus]
+    for d in (d for _, doms in _package_groups(m) for d in doms):
+        order.append(d)
+        for c in cpuless:
+            if c.id not in placed and _near(m, c)[:1] == [d.id]:
+                order.append(c)
+                placed.add(c.id)
+    return order + [c for c in cpuless if c.id not in placed]
+
+
 def _interconnect_graph(m: _Model) -> Block:
     n = len(m.domains)
-    size = 330 if n <= 8 else 430
+    size = 240 if n <= 4 else 330 if n <= 8 else 430
     r = size // 2 - 34
     cx = cy = size // 2
+    if n == 2:
+        size, cy = 240, 20
     pos = {}
-    for k, d in enumerate(m.domains):
-        ang = -math.pi / 2 + 2 * math.pi * k / n
+    for k, d in enumerate(_ring_order(m)):
+        # Two domains side by side; more on a ring from the top, clockwise.
+        ang = math.pi * (1 + k) if n == 2 else -math.pi / 2 + 2 * math.pi * k / n
         pos[d.id] = (cx + round(r * math.cos(ang)), cy + round(r * math.sin(ang)))
     pairs = _pairs(m)
     hidden: list[pb.MemoryInterconnect] = []
+    shown = pairs
     background = 0
     if len(pairs) > GRAPH_ALL_PAIRS:
         counts = Counter(i.distance_a_to_b for i in pairs)
         background = max(counts, key=lambda v: (counts[v], v))
-        hidden = [i for i in pairs if i.distance_a_to_b == i.distance_b_to_a == background
-                  and not _perf_text(i.a_to_b) and not _perf_text(i.b_to_a)]
-    shown = [i for i in pairs if i not in hidden]
+        hidden, shown = [], []
+        for i in pairs:
+            plain = i.distance_a_to_b == i.distance_b_to_a == background
+            (hidden if plain and not _perf_text(i.a_to_b) and not _perf_text(i.b_to_a) else shown).append(i)
     if len(shown) > GRAPH_MAX_EDGES:
         shown.sort(key=lambda i: (min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b))
         hidden += shown[GRAPH_MAX_EDGES:]
         shown = shown[:GRAPH_MAX_EDGES]
     values = sorted({min(i.distance_a_to_b, i.distance_b_to_a) for i in shown})
-    b = Block(size, size)
+    b = Block(size, 2 * cy)
     labels = []
+    taken = [(x - 27, y - 11, 54, 22) for x, y in pos.values()]
     for i in sorted(shown, key=lambda i: (-min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b)):
         (x1, y1), (x2, y2) = pos[i.domain_a], pos[i.domain_b]
         dist = min(i.distance_a_to_b, i.distance_b_to_a)
@@ -502,13 +603,19 @@ def _interconnect_graph(m: _Model) -> Block:
         cxl = i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH
         b.parts.append(_line(x1, y1, x2, y2, "ecxl" if cxl else "e", round(width, 1),
                              "" if cxl else _ramp(rank, len(values) + 1)))
-        label = (str(i.distance_a_to_b) if i.distance_a_to_b == i.distance_b_to_a
-                 else f"{i.distance_a_to_b}/{i.distance_b_to_a}")
-        perf = _perf_text(i.a_to_b) or _perf_text(i.b_to_a)
-        # Labels sit a little off the middle so crossing edges through the centre do not stack.
-        t = 0.5 if n <= 3 else 0.38
-        labels.append(_text(round(x1 + (x2 - x1) * t), round(y1 + (y2 - y1) * t) + 4,
-                            label + (f" · {perf}" if perf else ""), "lb s", "middle"))
+        slit = ("" if not i.distance_a_to_b else str(i.distance_a_to_b)
+                if i.distance_a_to_b == i.distance_b_to_a else f"{i.distance_a_to_b}/{i.distance_b_to_a}")
+        label = " · ".join(x for x in (slit, _perf_text(i.a_to_b) or _perf_text(i.b_to_a)) if x)
+        if not label:
+            continue
+        lw = _text_w(label, 10) + 4
+        # The first spot along the edge that covers no other label and no domain; else the middle.
+        spots = [(round(x1 + (x2 - x1) * t), round(y1 + (y2 - y1) * t)) for t in LABEL_SPOTS]
+        lx, ly = next((p for p in spots if not any(_overlap((p[0] - lw // 2, p[1] - 7, lw, 13), r) for r in taken)),
+                      spots[0])
+        taken.append((lx - lw // 2, ly - 7, lw, 13))
+        labels.append(_rect(lx - lw // 2, ly - 7, lw, 13, "w", rx=3))
+        labels.append(_text(lx, ly + 4, label, "s", "middle"))
     b.parts.extend(labels)
     for d in m.domains:
         x, y = pos[d.id]
@@ -518,7 +625,8 @@ def _interconnect_graph(m: _Model) -> Block:
         b.parts.append(_text(x, y + 4, f"d{d.id}", "b", "middle"))
     if hidden:
         same = all(i.distance_a_to_b == i.distance_b_to_a == background for i in hidden)
-        note = (f"{len(hidden)} more pairs at SLIT {background}, not drawn" if same
+        at = f"at SLIT {background}" if background else "with no SLIT distance"
+        note = (f"{len(hidden)} more pairs {at}, not drawn" if same
                 else f"{len(hidden)} more pairs not drawn (the farthest)")
         b.h += 16
         b.parts.append(_text(4, b.h - 4, note, "s"))
@@ -560,6 +668,11 @@ def _matrix_cells(n: int, cell: int, color_of: Callable[[int, int], str], words:
 
 
 def _interconnect_matrix(m: _Model) -> Block:
+    if len(m.domains) > MATRIX_MAX:
+        counts = Counter(i.distance_a_to_b for i in _pairs(m))
+        lines = [f"{len(m.domains)} domains: no matrix above {MATRIX_MAX} (--format json has every distance)",
+                 *(f"SLIT {v}: {counts[v]} pairs" for v in sorted(counts))]
+        return _text_block([(t, "s") for t in lines])
     ids, rows = _slit_matrix(m)
     n = len(ids)
     values = sorted({v for row in rows for v in row if v})
@@ -570,7 +683,7 @@ def _interconnect_matrix(m: _Model) -> Block:
     key = Block(0, 0)
     y = 0
     for v in values:
-        key.parts.append(_rect(0, y, 12, 12, "grid", fill=color[v]))
+        key.parts.append(_rect(0, y, 12, 12, "sw", fill=color[v]))
         what = "self" if all(rows[i][i] == v for i in range(n)) and not pair_count[v] else f"{pair_count[v]} pairs"
         key.parts.append(_text(18, y + 10, f"SLIT {v}: {what}", "s"))
         y += 16
@@ -587,10 +700,7 @@ def _interconnect(m: _Model) -> Block:
     rows = _perf_rows(m)
     if rows:
         extra = [*rows[:PERF_ROWS], *([f"… {len(rows) - PERF_ROWS} more"] if len(rows) > PERF_ROWS else [])]
-        text = Block(max(_text_w(t, 10) for t in extra), LINE * len(extra))
-        for k, t in enumerate(extra):
-            text.parts.append(_text(0, LINE * k + 11, t, "s"))
-        body = _stack([body, text])
+        body = _stack([body, _text_block([(t, "s") for t in extra])])
     cxl = any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in pairs)
     note = "SLIT distance (10 = local)" + (", dashed: through CXL" if cxl else "")
     return _section("Interconnect between domains", body, note)
@@ -623,16 +733,19 @@ def _accel_links(m: _Model) -> Block:
     for k, (t, c, sw) in enumerate(lines):
         x = 0
         if sw:
-            text.parts.append(_rect(0, LINE * k + 1, 11, 11, "grid", fill=sw))
+            text.parts.append(_rect(0, LINE * k + 1, 11, 11, "sw", fill=sw))
             x = 16
         t = _fit(t, 560 - x, 10 if c == "s" else FONT)
         text.parts.append(_text(x, LINE * k + 11, t, c))
         text.w = max(text.w, x + _text_w(t, 10 if c == "s" else FONT))
     blocks = [text]
-    if len(accels) >= 2:
+    biggest = max((len(g.members) for g in m.topo.accelerator_groups), default=0)
+    if len(accels) > MATRIX_MAX or biggest > MATRIX_MAX:
+        blocks.append(_text_block([(f"{len(accels)} accelerators: no matrix above {MATRIX_MAX}", "s")]))
+    elif len(accels) >= 2:
         idx = {a.id: k for k, a in enumerate(accels)}
         n = len(accels)
-        cell = max(5, min(26, 420 // n))
+        cell = max(5, min(30, 420 // n))
         cells: dict[tuple[int, int], pb.AcceleratorLink] = {}
         for a, b, lk in pair_links(m.topo):
             if a in idx and b in idx:
@@ -641,11 +754,10 @@ def _accel_links(m: _Model) -> Block:
                     # A fast link outranks the PCIe path class of the same pair.
                     if old is None or (old.kind in PCI_CLASSES and lk.kind not in PCI_CLASSES):
                         cells[key] = lk
-        words = None
-        if cell >= 22:
-            def words(i: int, j: int) -> str:
-                lk = cells.get((i, j))
-                return link_word(lk) if lk is not None else ""
+        def words(i: int, j: int) -> str:
+            lk = cells.get((i, j))
+            w = link_word(lk) if lk is not None else ""
+            return w if _text_w(w, 9) <= cell - 6 else ""
         grid = _matrix_cells(
             n, cell, lambda i, j: _link_color(link_word(cells[(i, j)]), cells[(i, j)].kind) if (i, j) in cells
             else ("#39424e" if i == j else ""), words, [a.id for a in accels])
@@ -669,12 +781,7 @@ def _cxl(m: _Model) -> Block:
     for dv in sorted(t.cxl_devices, key=lambda d: natural_key(d.name)):
         rows.append((f"{dv.name}: ram {human_bytes(dv.ram_size_bytes)}, pmem {human_bytes(dv.pmem_size_bytes)},"
                      f" at {dv.host or '?'} under {dv.host_bridge or '?'} (node {dv.numa_node})", "s"))
-    body = Block(0, LINE * len(rows))
-    for k, (text, c) in enumerate(rows):
-        text = _fit(text, 520, 10 if c == "s" else FONT)
-        body.parts.append(_text(0, LINE * k + 11, text, c))
-        body.w = max(body.w, _text_w(text, 10 if c == "s" else FONT))
-    return _section("CXL", body)
+    return _section("CXL", _text_block(rows, max_rows=CXL_ROWS))
 
 
 def _sources(m: _Model) -> Block:
@@ -685,34 +792,39 @@ def _sources(m: _Model) -> Block:
     for s in bad:
         rows.append((s.source, "b"))
         rows += [(f"  {r}", "s") for r in list(s.reasons)[:3]]
-    body = Block(0, LINE * len(rows))
-    for k, (text, c) in enumerate(rows):
-        text = _fit(text, 520, 10 if c == "s" else FONT)
-        body.parts.append(_text(0, LINE * k + 11, text, c))
-        body.w = max(body.w, _text_w(text, 10 if c == "s" else FONT))
-    return _section("Degraded sources", body)
+    return _section("Degraded sources", _text_block(rows))
 
 
-def _legend(m: _Model) -> Block:
+def _legend(m: _Model, width: int) -> Block:
+    """Only what the drawing uses."""
+    types = {TYPE_CLASS.get(d.type, "unk") for d in m.domains}
     items: list[tuple[str, str]] = []  # swatch markup, label
     for cls, word in (("dram", "DRAM"), ("hbm", "HBM"), ("uni", "Unified (CPU+GPU)"), ("gpum", "GPU memory"),
-                      ("cxl", "CXL"), ("nvm", "NVM"), ("unk", "other")):
-        items.append((_rect(0, 0, 16, 12, cls, rx=2), word))
-    items.append((_rect(0, 0, 16, 12, "unk nc", rx=2), "no CPUs (dashed)"))
-    items.append((_rect(0, 0, 16, 12, "gm", rx=2), "GPU memory in a Unified domain"))
-    for cls, word in (("ok", "healthy"), ("warn", "warning"), ("bad", "unhealthy"), ("unk", "health unknown")):
-        items.append((f'<circle cx="8" cy="6" r="5" class="{cls}"/>', word))
+                      ("cxl", "CXL"), ("nvm", "NVM"), ("unk", "other memory")):
+        if cls in types:
+            items.append((_rect(0, 0, 16, 12, cls, rx=2), word))
+    if any(not d.attached_cpus for d in m.domains):
+        items.append((_rect(0, 0, 16, 12, "unk nc", rx=2), "no CPUs (dashed)"))
+    if any(a.unified_memory and m.home.get(a.id, -1) >= 0 for a in m.accels):
+        items.append((_rect(0, 0, 16, 12, "gm", rx=2), "GPU memory in a Unified domain"))
+    if m.accels:
+        for cls, word in (("hok", "healthy"), ("hwarn", "warning"), ("hbad", "unhealthy"),
+                          ("hunk", "health unknown")):
+            items.append((f'<circle cx="8" cy="6" r="5" class="{cls}"/>', word))
     kinds = sorted({lk.kind for lk in m.topo.accelerator_links} | {g.link_kind for g in m.topo.accelerator_groups}
                    - {""}, key=lambda k: (k in PCI_CLASSES, PCI_CLASSES.index(k) if k in PCI_CLASSES else 0, k))
     for k in kinds:
-        items.append((_rect(0, 0, 16, 12, "grid", fill=_link_color(k, k)), f"{k} link"))
+        items.append((_rect(0, 0, 16, 12, "sw", fill=_link_color(k, k)),
+                      f"{k} (PCIe path)" if k in PCI_CLASSES else f"{k} link"))
+    if any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in m.topo.interconnects):
+        items.append((_line(0, 6, 16, 6, "ecxl", 2), "through CXL"))
     blocks = []
     for sw, word in items:
         b = Block(22 + _text_w(word, 10), 14)
         b.parts.append(sw)
         b.parts.append(_text(22, 10, word, "s"))
         blocks.append(b)
-    return _section("Legend", _flow(blocks, MAX_W - 2 * PAD, 16))
+    return _section("Legend", _flow(blocks, width - 2 * PAD, 16))
 
 
 def _header(m: _Model) -> Block:
@@ -733,19 +845,17 @@ def _header(m: _Model) -> Block:
 def topology_svg(topo: pb.MemoryTopology) -> str:
     """The node drawn as a standalone SVG document (UTF-8 text, no external references)."""
     m = _Model.of(topo)
-    packages, cpuless = _packages(m)
-    parts: list[Block] = [_header(m)]
-    if packages:
-        parts.append(_flow(packages, MAX_W))
+    cpuless = [d for d in m.domains if not d.attached_cpus]
+    parts: list[Block] = [_header(m), _packages(m)]
     if cpuless:
         parts.append(_section("Memory without CPUs", _flow((_domain_column(m, d) for d in cpuless), MAX_W - 2 * PAD),
                               "CXL, far and device memory: reached through another domain's CPUs"))
     homeless = [a for a in m.accels if a.id not in m.home]
     if homeless:
-        parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2)))
+        parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2, m.small_cards)))
     parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _sources(m)], MAX_W, 14))
-    parts.append(_legend(m))
     body = _stack(parts, 14)
+    body = _stack([body, _legend(m, max(body.w, 560))], 14)
     w, h = body.w + 2 * 16, body.h + 2 * 16
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>\n',

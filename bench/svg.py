@@ -1,0 +1,94 @@
+"""The node drawing (``memtopo topo --format svg``) against the issue's target and the text view.
+
+Rows: the 64-node capture (256ia64-64n2s2c: 64 domains, 2016 interconnect pairs), the 64-accelerator
+MI300X CPX host and the 16-GPU DGX-2 export. Each topology is discovered once; then ``topology_svg``
+and the text renderer (``agent.render.render``, the baseline) are timed on the same message in this
+process over ``--repeat`` runs after warm-up: median wall time, minimum wall time, median CPU time of
+this thread, the ratio svg / text (CPU), and the size of each output. Pass = CPU-time median under 1 s
+and the SVG under 2 MB (the issue's figures); on this shared 2-core machine the wall clock also
+measures whatever else runs (the load average is printed).
+
+    .venv/bin/python bench/svg.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent.render import render  # noqa: E402
+from discovery.capture import extract, find_root  # noqa: E402
+from discovery.discover import discover  # noqa: E402
+from discovery.source import ProbeContext  # noqa: E402
+from draw.svg import topology_svg  # noqa: E402
+from memtopo.v1 import topology_pb2 as pb  # noqa: E402
+
+SHARED = Path(os.environ.get("MEMTOPO_SHARED", REPO.parent / "shared"))
+WARMUP = 2
+TARGET_S = 1.0
+TARGET_BYTES = 2 * 1024 * 1024
+INPUTS = {
+    "64 NUMA nodes (256ia64-64n2s2c)": SHARED / "fixtures/hwloc/linux/256ia64-64n2s2c.tar.bz2",
+    "64 accelerators (mi300x-8gpu-cpx-nps4)": REPO / "tests/fixtures/mi300x-8gpu-cpx-nps4/root.tar.gz",
+    "16 GPUs, NVSwitch (nvidiaDGX2.xml)": SHARED / "fixtures/hwloc/xml/nvidiaDGX2.xml",
+}
+
+
+def _topology(path: Path, tmp: Path) -> pb.MemoryTopology:
+    if path.suffix == ".xml":
+        return discover(ProbeContext.at_root("/", hwloc_xml=path))
+    dest = tmp / path.parent.name / path.name
+    dest.mkdir(parents=True)
+    extract(path, dest)
+    return discover(ProbeContext.at_root(find_root(dest)))
+
+
+def _time(fn: Callable[[], object], repeat: int) -> tuple[float, float, float]:
+    """(median wall s, min wall s, median thread CPU s)."""
+    for _ in range(WARMUP):
+        fn()
+    wall: list[float] = []
+    cpu: list[float] = []
+    for _ in range(repeat):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    return statistics.median(wall), min(wall), statistics.median(cpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args(argv)
+    print(f"load average {os.getloadavg()[0]:.2f}; repeat {args.repeat}; target CPU < {TARGET_S:g} s and "
+          f"< {TARGET_BYTES // 1024 // 1024} MB")
+    print(f"{'input':<42} {'svg median':>10} {'min':>8} {'cpu':>8} {'text cpu':>9} {'ratio':>6} "
+          f"{'svg bytes':>10} {'text bytes':>10}  verdict")
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in INPUTS.items():
+            topo = _topology(path, Path(tmp))
+            svg_med, svg_min, svg_cpu = _time(partial(topology_svg, topo), args.repeat)
+            _, _, txt_cpu = _time(partial(render, topo), args.repeat)
+            size, text_size = len(topology_svg(topo).encode()), len(render(topo).encode())
+            ok = svg_cpu < TARGET_S and size < TARGET_BYTES
+            failed |= not ok
+            print(f"{name:<42} {svg_med * 1e3:8.1f}ms {svg_min * 1e3:6.1f}ms {svg_cpu * 1e3:6.1f}ms "
+                  f"{txt_cpu * 1e3:7.1f}ms {svg_cpu / txt_cpu:5.1f}x {size:>10,} {text_size:>10,}  "
+                  f"{'pass' if ok else 'FAIL'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
