@@ -586,3 +586,17 @@ def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4
     w.page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000 and png_size(shot)[0] == 1400
     assert (w.dialogs, w.errors) == ([], [])
+
+
+def test_the_page_says_when_the_controller_is_gone(browser: Any, fleet4: Fleet4) -> None:
+    """Last in the module: it stops the controller the other browser tests share."""
+    w = Watched(browser)
+    w.page.goto(fleet4.url + "/")
+    until(w.page, "() => document.getElementById('live').textContent.startsWith('live')")
+    fleet4.controller.kill()
+    fleet4.controller.wait(30)
+    until(w.page, "() => document.getElementById('live').classList.contains('down')")
+    assert "controller unreachable" in (w.page.text_content("#live") or "")
+    # The last rows stay on screen for the reader.
+    assert w.page.eval_on_selector_all("#nodes tr", "rows => rows.length") == 4
+    assert (w.dialogs, w.errors) == ([], [])
