@@ -43,7 +43,7 @@ from memtopo.v1 import topology_pb2 as pb
 from planner import fleet as fleet_policies
 from planner import hccs, place, xpu
 from planner.errors import PlanError
-from planner.fleet import FleetNode
+from planner.fleet import DeviceView, FleetNode
 
 log = structlog.get_logger()
 
@@ -319,6 +319,12 @@ class NodeVerdict:
     unresolvable: bool = False  # preemption cannot make it fit
     level: int = 0  # 0 = the policy's best; one more per distinct, lower policy score
 
+    @property
+    def score(self) -> int:
+        """Extender score 0–10: 10 for the policy's best score, one less per distinct lower score
+        (never below 1 for a node that fits); 0 for a node that does not fit."""
+        return max(1, MAX_EXTENDER_PRIORITY - self.level) if self.fits else 0
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -327,12 +333,26 @@ class Judgement:
     decision: fleet_policies.Decision | None = None
 
     def score(self, name: str) -> int:
-        """Extender score 0–10: 10 for the policy's best score, one less per distinct lower score
-        (never below 1 for a node that fits); 0 for a node that does not fit or is unknown."""
+        """The node's extender score (NodeVerdict.score); 0 for a name not judged."""
         v = self.verdicts.get(name)
-        if v is None or not v.fits:
-            return 0
-        return max(1, MAX_EXTENDER_PRIORITY - v.level)
+        return v.score if v is not None else 0
+
+    def scores(self, names: Iterable[str]) -> list[dict[str, Any]]:
+        """The HostPriorityList for ``names``; verdicts are shared per rank, so each score is
+        computed once per rank rather than once per node."""
+        by_verdict: dict[int, int] = {}
+        out = []
+        get = self.verdicts.get
+        for name in names:
+            v = get(name)
+            if v is None:
+                score = 0
+            else:
+                score = by_verdict.get(id(v), -1)
+                if score < 0:
+                    score = by_verdict[id(v)] = v.score
+            out.append({"Host": name, "Score": score})
+        return out
 
     def pick(self, name: str) -> Pick | None:
         """The node's own result in the decision (what bind writes from); None unless it fits."""
@@ -360,18 +380,20 @@ def _levels(verdicts: dict[str, NodeVerdict], fitting: Iterable[tuple[Any, str]]
         verdicts[name] = verdict
 
 
-def judge(ask: PodAsk, names: Sequence[str], nodes: Sequence[FleetNode],
-          allocated: Mapping[str, frozenset[int]]) -> Judgement:
-    """Every name's verdict under the pod's policy, through ``planner.fleet.evaluate``: the nodes it
-    ranks as fitting pass, in its order; the others fail with its reason."""
+def judge(ask: PodAsk, nodes: Sequence[FleetNode], allocated: Mapping[str, frozenset[int]],
+          unknown: Iterable[str] = ()) -> Judgement:
+    """Every node's verdict under the pod's policy, through ``planner.fleet.evaluate``: the nodes it
+    ranks as fitting pass, in its order; the others fail with its reason. ``nodes`` are the
+    candidates (unique names); ``unknown`` the candidates no agent has reported."""
     policy = ask.policy
     assert policy is not None
-    known = {n.name for n in nodes}
-    verdicts: dict[str, NodeVerdict] = {n: NodeVerdict(False, UNKNOWN_NODE, True) for n in names if n not in known}
+    verdicts: dict[str, NodeVerdict] = dict.fromkeys(unknown, NodeVerdict(False, UNKNOWN_NODE, True))
     if not nodes:
         return Judgement(ask, verdicts)
-    body: dict[str, Any] = {**ask.request, "node_names": [n.name for n in nodes]}
-    if policy != "place":
+    # No node_names: the nodes given are exactly the candidates.
+    body: dict[str, Any] = dict(ask.request)
+    if policy != "place" and allocated:
+        known = {n.name for n in nodes}
         body["allocated"] = {n: sorted(ids) for n, ids in allocated.items() if n in known and ids}
     try:
         ev = fleet_policies.evaluate(policy, body, nodes)
@@ -474,7 +496,7 @@ class Extender:
         self.refresh_s = refresh_s
         # node → (the snapshot bytes it was derived from, link up, its FleetNode carrying the views:
         # policy → DeviceView or unusable reason, filled per policy on first use).
-        self._derived: dict[str, tuple[bytes, bool, FleetNode]] = {}
+        self._derived: dict[str, tuple[bytes, bool, FleetNode, dict[str, DeviceView | str]]] = {}
         self._bind_lock = asyncio.Lock()
         self.last_refresh: float | None = None
 
@@ -531,7 +553,9 @@ class Extender:
 
     async def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         _, nodes, judgement = await self._judge(args)
-        return [{"Host": n, "Score": judgement.score(n) if judgement is not None else 0} for n in nodes.names]
+        if judgement is None:
+            return [{"Host": n, "Score": 0} for n in nodes.names]
+        return judgement.scores(nodes.names)
 
     async def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
         fields = {k: _field(args, k) for k in ("PodName", "PodNamespace", "PodUID", "Node")}
@@ -591,11 +615,9 @@ class Extender:
     async def _judge_names(self, ask: PodAsk, names: Sequence[str]) -> Judgement:
         # Taken on the loop, where the fleet lives; the ranking runs in a thread so the loop keeps
         # serving agent links (the same split as the Place RPC).
-        fleet = self.state.fleet
-        unique = list(dict.fromkeys(names))
-        held = [(n, h) for n in unique if (h := fleet.held(n)) is not None]
+        held, unknown = self.state.fleet.held_many(dict.fromkeys(names))
         allocated = self.allocated(ask.resource) if ask.resource is not None else {}
-        return await asyncio.to_thread(self._judge_held, ask, unique, held, allocated)
+        return await asyncio.to_thread(self._judge_held, ask, held, unknown, allocated)
 
     def allocated(self, resource: str) -> dict[str, frozenset[int]]:
         """Device ids (0–7) in use per node for ``resource``: the union of every view."""
@@ -609,31 +631,30 @@ class Extender:
         """``allocated`` for the resource of a device policy (hccs, xpu)."""
         return self.allocated(_DEVICE_RESOURCE[policy])
 
-    def _judge_held(self, ask: PodAsk, names: Sequence[str], held: Sequence[tuple[str, tuple[bool, bytes | None]]],
+    def _judge_held(self, ask: PodAsk, held: Sequence[tuple[str, bool, bytes | None]], unknown: Sequence[str],
                     allocated: Mapping[str, frozenset[int]]) -> Judgement:
         policy = ask.policy
         assert policy is not None
         nodes: list[FleetNode] = []
+        append = nodes.append
         derived = self._derived
-        for name, (connected, payload) in held:
+        for name, connected, payload in held:
             if payload is None:
-                nodes.append(FleetNode(name, None, connected))
+                append(FleetNode(name, None, connected))
             elif policy == "place":
                 # place reads the whole topology; parsed per call (a parsed topology is several times
                 # its wire size, too much to keep for every node of a large fleet).
-                nodes.append(FleetNode(name, pb.MemoryTopology.FromString(payload), connected))
+                append(FleetNode(name, pb.MemoryTopology.FromString(payload), connected))
             else:
                 cached = derived.get(name)
                 if cached is None or cached[0] is not payload or cached[1] != connected:
-                    views = cached[2].views if cached is not None and cached[0] is payload else {}
-                    cached = derived[name] = (payload, connected, FleetNode(name, None, connected, views))
-                fleet_node = cached[2]
-                views = fleet_node.views
-                assert isinstance(views, dict)
-                if policy not in views:
-                    views[policy] = fleet_policies.device_view(policy, pb.MemoryTopology.FromString(payload))
-                nodes.append(fleet_node)
-        return judge(ask, names, nodes, allocated)
+                    views: dict[str, DeviceView | str] = (cached[3] if cached is not None and cached[0] is payload
+                                                          else {})
+                    cached = derived[name] = (payload, connected, FleetNode(name, None, connected, views), views)
+                if policy not in cached[3]:
+                    cached[3][policy] = fleet_policies.device_view(policy, pb.MemoryTopology.FromString(payload))
+                append(cached[2])
+        return judge(ask, nodes, allocated, unknown)
 
     # ---- the ledger's refresh -------------------------------------------------------------------
     async def refresh_once(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from memtopo.v1 import plan_pb2 as planpb
@@ -290,6 +290,20 @@ class Fleet:
         if node is None:
             return None
         return node.session != 0, node.held.payload if node.held else None
+
+    def held_many(self, names: Iterable[str]) -> tuple[list[tuple[str, bool, bytes | None]], list[str]]:
+        """``held`` for many names at once: ([(name, connected, bytes or None)], [unknown names])."""
+        nodes = self._nodes
+        out: list[tuple[str, bool, bytes | None]] = []
+        unknown: list[str] = []
+        for name in names:
+            node = nodes.get(name)
+            if node is None:
+                unknown.append(name)
+            else:
+                held = node.held
+                out.append((name, node.session != 0, held.payload if held is not None else None))
+        return out, unknown
 
     def topology_bytes(self, node_name: str) -> bytes | None:
         node = self._nodes.get(node_name)
