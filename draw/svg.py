@@ -380,7 +380,9 @@ def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, 
         lines.append((f"{PERF_WORD.get(d.local_performance.source, '')} local {perf}".strip(), "s", False))
     if 0 <= d.cxl_region < len(m.topo.cxl_regions):
         r = m.topo.cxl_regions[d.cxl_region]
-        lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way)", "s", False))
+        hosts = sorted({dv.numa_node for dv in m.topo.cxl_devices if dv.name in r.memdevs and dv.numa_node >= 0})
+        via = f" via node {format_cpulist(hosts)}" if hosts else ""
+        lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way){via}", "s", False))
     owners = [a.id for a in m.accels if set(a.memory_numa_nodes) & set(d.numa_nodes)]
     if owners and d.type != pb.MEMORY_DOMAIN_TYPE_UNIFIED:
         lines.append((f"memory of {compact_ids(owners)}", "s", False))
@@ -803,6 +805,8 @@ def _legend(m: _Model, width: int) -> Block:
                       ("cxl", "CXL"), ("nvm", "NVM"), ("unk", "other memory")):
         if cls in types:
             items.append((_rect(0, 0, 16, 12, cls, rx=2), word))
+    if m.free_known:
+        items.append((_rect(0, 3, 16, 6, "bar") + _rect(0, 3, 10, 6, "used"), "memory in use"))
     if any(not d.attached_cpus for d in m.domains):
         items.append((_rect(0, 0, 16, 12, "unk nc", rx=2), "no CPUs (dashed)"))
     if any(a.unified_memory and m.home.get(a.id, -1) >= 0 for a in m.accels):

@@ -90,7 +90,8 @@ def test_cxl_lab_capture_draws_its_region_and_the_cpu_less_cxl_domain_apart() ->
     assert f"domain {cxl.id}" in inner and all(f"domain {d.id}" not in inner for d in t.domains if d.attached_cpus)
     boxes = [r.get("class", "") for r in sections[-1].iter(f"{SVG}rect")]
     assert "cxl nc" in boxes
-    assert f"CXL {region.name} ({region.mode}, {region.interleave_ways} way)" in inner
+    (memdev,) = t.cxl_devices
+    assert f"CXL {region.name} ({region.mode}, {region.interleave_ways} way) via node {memdev.numa_node}" in inner
 
 
 def test_unified_superchip_domain_holds_its_gpu_inside_one_box() -> None:
