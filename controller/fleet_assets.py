@@ -234,14 +234,19 @@ JS: Final = """"use strict";
   }
 
   // ---- the fleet ----------------------------------------------------------------------------
+  function seenText(n) { return n.connected ? n.peer : "last seen " + age(n.last_seen_age_s); }
   function fleetRow(n) {
     const tr = el("tr", n.connected ? "connected" : "disconnected");
     tr.dataset.node = n.name;
     tr.dataset.state = n.connected ? "connected" : "disconnected";
     tr.append(el("td", "name", link(nodeHref(n.name), n.name)));
-    tr.append(cell(pill(n.connected), n.connected ? n.peer : "last seen " + age(n.last_seen_age_s), "link"));
+    const linkCell = cell(pill(n.connected), seenText(n), "link");
+    tr.append(linkCell);
     tr.append(cell(n.generation === null ? "—" : String(n.generation), n.fingerprint || null, "num"));
-    tr.append(cell(age(n.updated_age_s), null, "num"));
+    const updated = cell(age(n.updated_age_s), null, "num");
+    tr.append(updated);
+    // The cells that change every poll, updated in place (see renderFleet).
+    tr.ages = {seen: linkCell.querySelector(".sub"), updated: updated};
     const t = n.topology;
     if (!t) {
       const td = el("td", "muted", "no topology yet");
@@ -260,8 +265,29 @@ JS: Final = """"use strict";
     return tr;
   }
   function stat(value, text) { return el("span", "stat", el("b", null, String(value)), text); }
+  // A row is rebuilt only when something but its ages changed, and the table only when rows come,
+  // go or move: a tooltip being read or text being selected survives the next poll.
+  const fleetRows = new Map();
   function renderFleet(doc) {
-    $("nodes").replaceChildren(...doc.nodes.map(fleetRow));
+    const wanted = [];
+    const names = new Set();
+    for (const n of doc.nodes) {
+      const key = JSON.stringify({...n, updated_age_s: null, last_seen_age_s: null});
+      let r = fleetRows.get(n.name);
+      if (!r || r.key !== key) {
+        r = {key: key, tr: fleetRow(n)};
+        fleetRows.set(n.name, r);
+      } else {
+        if (r.tr.ages.seen) r.tr.ages.seen.textContent = seenText(n);
+        r.tr.ages.updated.textContent = age(n.updated_age_s);
+      }
+      names.add(n.name);
+      wanted.push(r.tr);
+    }
+    for (const name of [...fleetRows.keys()]) if (!names.has(name)) fleetRows.delete(name);
+    const body = $("nodes");
+    const shown = [...body.children];
+    if (shown.length !== wanted.length || shown.some((tr, i) => tr !== wanted[i])) body.replaceChildren(...wanted);
     $("empty").hidden = doc.nodes.length > 0;
     const degraded = doc.nodes.filter((n) => n.topology && n.topology.degraded.length).length;
     $("summary").replaceChildren(stat(doc.total, "nodes"), stat(doc.connected, "connected"),
@@ -270,7 +296,14 @@ JS: Final = """"use strict";
   }
 
   // ---- one node -----------------------------------------------------------------------------
-  let shownDrawing = null;
+  // Rebuild the part ``id`` of the node page only when its data changed since the last poll.
+  const drawn = new Map();
+  function section(id, data, build) {
+    const key = JSON.stringify(data);
+    if (drawn.get(id) === key) return;
+    drawn.set(id, key);
+    build();
+  }
   function fact(dl, term, value, sub) {
     const dd = el("dd", null, value);
     if (sub) dd.append(el("span", "sub", sub));
@@ -303,35 +336,38 @@ JS: Final = """"use strict";
 
     const d = n.detail;
     const deg = d ? d.degraded : [];
-    $("degraded-section").hidden = !deg.length;
-    $("degraded").replaceChildren(...deg.map((s) => el("div", null, el("span", "pill warn", s.source),
-      el("ul", "reasons", ...s.reasons.map((r) => el("li", null, r)),
-         s.more ? el("li", "muted", "… " + s.more + " more") : null))));
+    section("degraded", deg, () => {
+      $("degraded-section").hidden = !deg.length;
+      $("degraded").replaceChildren(...deg.map((s) => el("div", null, el("span", "pill warn", s.source),
+        el("ul", "reasons", ...s.reasons.map((r) => el("li", null, r)),
+           s.more ? el("li", "muted", "… " + s.more + " more") : null))));
+    });
 
-    const img = $("drawing");
-    if (n.drawing) {
-      const src = n.drawing + "&v=" + encodeURIComponent(n.generation + "-" + n.fingerprint);
-      if (src !== shownDrawing) { img.src = src; shownDrawing = src; }
-      img.alt = "topology drawing of " + n.name;
-      img.hidden = false;
-      $("drawing-note").replaceChildren(link(src, "open the drawing on its own"));
-    } else {
-      img.hidden = true;
-      $("drawing-note").textContent = "no topology yet";
-    }
+    const src = n.drawing ? n.drawing + "&v=" + encodeURIComponent(n.generation + "-" + n.fingerprint) : null;
+    section("drawing", src, () => {
+      const img = $("drawing");
+      img.hidden = !src;
+      if (src) {
+        img.src = src;
+        img.alt = "topology drawing of " + n.name;
+        $("drawing-note").replaceChildren(link(src, "open the drawing on its own"));
+      } else {
+        $("drawing-note").textContent = "no topology yet";
+      }
+    });
 
-    $("pending").replaceChildren(n.pending.length
+    section("pending", n.pending, () => $("pending").replaceChildren(n.pending.length
       ? table(["Plan", "Dry run"], n.pending.map((p) => [p.plan_id, p.dry_run ? "yes" : "no"]))
-      : none("none"));
-    $("results").replaceChildren(n.results.length
+      : none("none")));
+    section("results", n.results, () => $("results").replaceChildren(n.results.length
       ? table(["Plan", "State", "Actions", "Message", "Finished"], n.results.map((r) => [
           el("span", "mono", r.plan_id),
           el("span", "pill " + (["APPLIED", "UNCHANGED", "DRY_RUN"].includes(r.state) ? "ok" : "bad"), r.state),
           Object.entries(r.actions).map(([k, v]) => v + " " + k.toLowerCase()).join(", ") || "—",
           [r.message, ...r.rejections].filter((x) => x).join("\\n") || "—",
           r.finished ? new Date(r.finished * 1000).toLocaleString() : "—"]))
-      : none("none received yet"));
-    if (d) {
+      : none("none received yet")));
+    if (d) section("detail", [d.domains, d.accelerators], () => {
       $("domains").replaceChildren(table(["Domain", "Type", "Capacity", "Free", "CPUs", "NUMA nodes", "Tier", "Note"],
         d.domains.map((m) => [String(m.id), m.type + (m.subtype ? " (" + m.subtype + ")" : ""),
                               bytes(m.capacity_bytes), bytes(m.free_bytes), m.cpus || "none", m.numa_nodes,
@@ -341,7 +377,7 @@ JS: Final = """"use strict";
             d.accelerators.map((a) => [a.id, a.model || a.kind, a.health || "—", String(a.numa_node),
                                        a.domain < 0 ? "—" : String(a.domain), bytes(a.memory_bytes), a.bdf]), [3, 4, 5])
         : none("none"));
-    }
+    });
   }
 
   // ---- polling ------------------------------------------------------------------------------

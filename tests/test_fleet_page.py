@@ -565,6 +565,21 @@ def test_the_node_page_shows_the_drawing(browser: Any, fleet4: Fleet4, tmp_path:
     assert (w.dialogs, w.errors) == ([], [])
 
 
+def test_an_unchanged_row_is_kept_across_polls(browser: Any, fleet4: Fleet4) -> None:
+    """Only the ages are rewritten in place: a tooltip being read or text being selected in a row
+    survives the page's next poll."""
+    w = Watched(browser)
+    w.page.goto(fleet4.url + "/")
+    until(w.page, f"() => {row('gh200-01')} !== undefined")
+    w.page.evaluate(f"() => {{ window.kept = {row('gh200-01')}; }}")
+    for _ in range(2):  # two more polls: the indicator shows each poll's time
+        shown = w.page.text_content("#live") or ""
+        until(w.page, f"() => document.getElementById('live').textContent !== {json.dumps(shown)}")
+    assert w.page.evaluate(f"() => window.kept === {row('gh200-01')}") is True
+    assert w.page.evaluate("() => window.kept.isConnected") is True
+    assert (w.dialogs, w.errors) == ([], [])
+
+
 def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
