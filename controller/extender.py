@@ -283,17 +283,22 @@ class DeviceLedger:
         self._listed: dict[str, Allocation] = {}
         self._recent: dict[str, tuple[float, Allocation]] = {}
         self._clock = clock
+        # Grows with every change: a decision taken at one version is stale at the next.
+        self.version = 0
 
     def record(self, uid: str, allocation: Allocation) -> None:
         self._recent[uid] = (self._clock(), allocation)
+        self.version += 1
 
     def forget(self, uid: str) -> None:
         self._recent.pop(uid, None)
+        self.version += 1
 
     def replace(self, pods: Iterable[Mapping[str, Any]], listed_at: float) -> None:
         """A full listing of bound pods that started at ``listed_at`` (this ledger's clock)."""
         listed = dict(p for pod in pods if (p := parse_allocation(pod)) is not None)
         self._listed = listed
+        self.version += 1
         # A recent bind the listing shows is now listed; one made before the listing started and
         # absent from it belongs to a pod that is gone.
         self._recent = {uid: (t, a) for uid, (t, a) in self._recent.items() if uid not in listed and t >= listed_at}
@@ -319,12 +324,6 @@ class NodeVerdict:
     unresolvable: bool = False  # preemption cannot make it fit
     level: int = 0  # 0 = the policy's best; one more per distinct, lower policy score
 
-    @property
-    def score(self) -> int:
-        """Extender score 0–10: 10 for the policy's best score, one less per distinct lower score
-        (never below 1 for a node that fits); 0 for a node that does not fit."""
-        return max(1, MAX_EXTENDER_PRIORITY - self.level) if self.fits else 0
-
 
 @dataclass(frozen=True)
 class Judgement:
@@ -332,27 +331,16 @@ class Judgement:
     verdicts: Mapping[str, NodeVerdict]
     decision: fleet_policies.Decision | None = None
 
-    def score(self, name: str) -> int:
-        """The node's extender score (NodeVerdict.score); 0 for a name not judged."""
-        v = self.verdicts.get(name)
-        return v.score if v is not None else 0
-
-    def scores(self, names: Iterable[str]) -> list[dict[str, Any]]:
-        """The HostPriorityList for ``names``; verdicts are shared per rank, so each score is
-        computed once per rank rather than once per node."""
-        by_verdict: dict[int, int] = {}
-        out = []
+    def scores(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """The HostPriorityList for ``names`` (the judged nodes or some of them): the dense rank of
+        the policy's score among these names, so the best of them gets 10 even when the judgement
+        covered more nodes (kube-scheduler prioritizes what survived every filter)."""
         get = self.verdicts.get
-        for name in names:
-            v = get(name)
-            if v is None:
-                score = 0
-            else:
-                score = by_verdict.get(id(v), -1)
-                if score < 0:
-                    score = by_verdict[id(v)] = v.score
-            out.append({"Host": name, "Score": score})
-        return out
+        verdicts = [get(name) for name in names]
+        present = sorted({v.level for v in verdicts if v is not None and v.fits})
+        score_of = {level: max(1, MAX_EXTENDER_PRIORITY - rank) for rank, level in enumerate(present)}
+        return [{"Host": name, "Score": score_of[v.level] if v is not None and v.fits else 0}
+                for name, v in zip(names, verdicts, strict=True)]
 
     def pick(self, name: str) -> Pick | None:
         """The node's own result in the decision (what bind writes from); None unless it fits."""
@@ -477,9 +465,9 @@ def _candidate_nodes(args: Mapping[str, Any]) -> _Nodes:
 
 
 def _checked_names(names: list[str]) -> list[str]:
-    for n in names:
-        if not n or len(n) > MAX_NAME:
-            raise ExtenderError("invalid_request", f"node name {_excerpt(n)!r} is not a node name")
+    if names and (not all(names) or max(map(len, names)) > MAX_NAME):
+        bad = next(n for n in names if not n or len(n) > MAX_NAME)
+        raise ExtenderError("invalid_request", f"node name {_excerpt(bad)!r} is not a node name")
     return names
 
 
@@ -499,6 +487,9 @@ class Extender:
         self._derived: dict[str, tuple[bytes, bool, FleetNode, dict[str, DeviceView | str]]] = {}
         self._bind_lock = asyncio.Lock()
         self.last_refresh: float | None = None
+        # The last judgement, for the prioritize that follows a filter of the same pod: (what it
+        # depends on, the names it covers, it). Valid while the fleet and the ledger are unchanged.
+        self._last: tuple[tuple[Any, ...], frozenset[str], Judgement] | None = None
 
     # ---- routes ---------------------------------------------------------------------------------
     def install(self, routes: Routes) -> None:
@@ -610,7 +601,17 @@ class Extender:
         ask = pod_ask(pod)
         if ask.policy is None or not nodes.names:
             return ask, nodes, None
-        return ask, nodes, await self._judge_names(ask, nodes.names)
+        # Only the ledger's version is known; other device views could change unseen.
+        key = (ask.policy, json.dumps(ask.request, sort_keys=True), self.state.changes.version,
+               self.ledger.version) if len(self.views) == 1 else None
+        last = self._last
+        names = frozenset(nodes.names)
+        if key is not None and last is not None and last[0] == key and names <= last[1]:
+            return ask, nodes, last[2]
+        judgement = await self._judge_names(ask, nodes.names)
+        if key is not None:
+            self._last = (key, names, judgement)
+        return ask, nodes, judgement
 
     async def _judge_names(self, ask: PodAsk, names: Sequence[str]) -> Judgement:
         # Taken on the loop, where the fleet lives; the ranking runs in a thread so the loop keeps

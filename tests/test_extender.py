@@ -202,6 +202,8 @@ def test_a_pod_asking_nothing_memtopo_places_passes_through() -> None:
     (b'{"NodeNames": ["a"]}', "Pod is missing"),
     (b'{"Pod": {}, "NodeNames": "a"}', "NodeNames is not a list"),
     (b'{"Pod": {}}', "neither NodeNames nor Nodes"),
+    (b'{"Pod": {}, "NodeNames": ["ok", ""]}', "is not a node name"),
+    (b'{"Pod": {}, "NodeNames": ["' + b"n" * 300 + b'"]}', "is not a node name"),
     (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}', "has no metadata.name"),
     (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"huawei.com/Ascend910": "3"}}}]}}, '
      b'"NodeNames": ["free"]}', "not 3"),
@@ -518,3 +520,32 @@ def test_ledger_keeps_recent_binds_until_a_listing_shows_them_and_ignores_broken
     # A listing that started after it and lacks the pod: the pod is gone.
     ledger.replace([broken, out_of_range], listed_at=101.0)
     assert ledger.allocated(ext.XPU_RESOURCE) == {}
+
+
+def test_prioritize_ranks_among_the_nodes_it_is_given_and_follows_fleet_changes() -> None:
+    nodes = [node("910", "free"), node("910", "one-busy", busy(0)), node("910", "three", busy(0, 1, 2))]
+
+    async def body(running: RunningController, port: int) -> None:
+        names = ["free", "one-busy", "three"]
+        first = await call(port, "filter", names_args(npu_pod(1), names))
+        assert first["NodeNames"] == names
+        scores = {h["Host"]: h["Score"] for h in await call(port, "prioritize", names_args(npu_pod(1), names))}
+        best = max(scores, key=lambda n: scores[n])
+        # Another filter removed the best node: the best of the rest gets 10 (the filter's judgement
+        # is reused, the rank is taken among the nodes given).
+        rest = [n for n in names if n != best]
+        again = {h["Host"]: h["Score"] for h in await call(port, "prioritize", names_args(npu_pod(1), rest))}
+        assert max(again.values()) == 10 and set(again) == set(rest)
+        # The fleet changes (a new snapshot of that node, every NPU busy): the reused judgement is stale.
+        topo = nodes[names.index(best)].topology
+        assert topo is not None
+        full = pb.MemoryTopology()
+        full.CopyFrom(topo)
+        busy(*range(8))(full)
+        full.generation = 2
+        c = running.fleet.connect(Hello(best, f"inst-{best}", generation=2), "stand-in-peer")
+        running.fleet.snapshot(c.session, full)
+        running.state.changes.bump(best)
+        now = {h["Host"]: h["Score"] for h in await call(port, "prioritize", names_args(npu_pod(1), names))}
+        assert now[best] == 0 and max(now.values()) == 10
+    with_fleet(nodes, body)
