@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from xml.sax.saxutils import escape, quoteattr
+from xml.sax.saxutils import escape
 
 from agent.render import human_bytes, link_word
 from discovery.accelerators import pair_links
@@ -76,7 +76,8 @@ OTHER_LINK = "#b0b0b0"
 NEAR_RGB = (27, 79, 150)
 FAR_RGB = (226, 234, 244)
 
-STYLE = "".join([
+ROOT_CLASS = "memtopo-drawing"
+_RULES = "".join([
     "text{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;font-size:11px;fill:#1d2530}",
     ".h{font-size:17px;font-weight:bold}.t{font-size:13px;font-weight:bold}.b{font-weight:bold}",
     ".s{font-size:10px;fill:#4a5563}.m{font-size:9px}.w{fill:#fff}",
@@ -89,6 +90,9 @@ STYLE = "".join([
     ".grid{fill:none;stroke:#c9d1da;stroke-width:.5}.sw{stroke:#6b7684;stroke-width:.5}",
     *(f".{k}{{fill:{f};stroke:{s}}}" for k, (f, s) in DOMAIN_COLORS.items()),
 ])
+# Every rule is scoped to the drawing's root: an SVG inlined into an HTML page shares the page's
+# stylesheet, and short class names like .card or .b must neither leak out nor be hit by the page's.
+STYLE = "".join(f".{ROOT_CLASS} {rule}" for rule in re.findall(r"[^{}]+\{[^}]*\}", _RULES))
 
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _NUM = re.compile(r"(\d+)")
@@ -101,10 +105,6 @@ def _clean(s: str) -> str:
 
 def _esc(s: str) -> str:
     return escape(_clean(s))
-
-
-def _attr(s: str) -> str:
-    return quoteattr(_clean(s))
 
 
 def _fit(s: str, width: float, size: int = FONT) -> str:
@@ -258,7 +258,7 @@ def _bandwidth(mbps: int) -> str:
 
 def _health_class(health: str) -> str:
     h = health.strip().lower()
-    if not h:
+    if h in ("", "unknown", "n/a", "na", "-", "?"):
         return "hunk"
     if h in ("ok", "healthy", "normal", "good", "pass", "passed"):
         return "hok"
@@ -278,6 +278,8 @@ class _Model:
     node_packages: dict[int, list[int]]
     accels: list[pb.Accelerator]
     home: dict[str, int]  # accelerator id → the domain it is local to
+    local: dict[int, list[pb.Accelerator]]  # domain id → its local accelerators, in id order
+    memory_of: dict[int, list[str]]  # NUMA node → accelerators whose own memory it holds
     free_known: bool
     compact: bool = False  # many domains: smaller boxes
     flat_packages: bool = False  # every package holds one domain and there are many: no package frames
@@ -306,9 +308,16 @@ class _Model:
                 home[a.id] = a.domain
             elif a.numa_node >= 0 and node_domain.get(a.numa_node, -1) in by_id:
                 home[a.id] = node_domain[a.numa_node]
+        local: dict[int, list[pb.Accelerator]] = {}
+        memory_of: dict[int, list[str]] = {}
+        for a in accels:
+            if a.id in home:
+                local.setdefault(home[a.id], []).append(a)
+            for n in sorted(set(a.memory_numa_nodes)):
+                memory_of.setdefault(n, []).append(a.id)
         # Free memory is 0 everywhere in an hwloc XML export: unknown, not full.
         free_known = any(d.free_bytes for d in domains)
-        m = cls(topo, domains, by_id, node_domain, node_packages, accels, home, free_known)
+        m = cls(topo, domains, by_id, node_domain, node_packages, accels, home, local, memory_of, free_known)
         m.compact = len(domains) > GRAPH_MAX_DOMAINS
         groups = _package_groups(m)
         m.flat_packages = m.compact and all(len(doms) == 1 for _, doms in groups)
@@ -347,11 +356,17 @@ def _accel_card(a: pb.Accelerator, small: bool) -> Block:
     return b
 
 
-def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False) -> Block:
-    """A near-square grid of cards, at least as wide as ``min_w`` allows."""
+def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False, max_w: int = 0) -> Block:
+    """A near-square grid of cards, filling ``min_w`` and, given ``max_w``, no wider than that allows."""
     w = CARD_W_SMALL if small else CARD_W
-    fit = (min_w + CARD_GAP) // (w + CARD_GAP)
-    per_row = max(1, min(len(accels), max(fit, math.ceil(math.sqrt(len(accels))))))
+
+    def fit(width: int) -> int:
+        return (width + CARD_GAP) // (w + CARD_GAP)
+
+    per_row = max(fit(min_w), math.ceil(math.sqrt(len(accels))))
+    if max_w:
+        per_row = min(per_row, max(fit(max_w), fit(min_w)))
+    per_row = max(1, min(len(accels), per_row))
     return _flow((_accel_card(a, small) for a in accels), per_row * (w + CARD_GAP) - CARD_GAP, CARD_GAP)
 
 
@@ -383,7 +398,7 @@ def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, 
         hosts = sorted({dv.numa_node for dv in m.topo.cxl_devices if dv.name in r.memdevs and dv.numa_node >= 0})
         via = f" via node {format_cpulist(hosts)}" if hosts else ""
         lines.append((f"CXL {r.name} ({r.mode or '?'}, {r.interleave_ways} way){via}", "s", False))
-    owners = [a.id for a in m.accels if set(a.memory_numa_nodes) & set(d.numa_nodes)]
+    owners = sorted({a for n in d.numa_nodes for a in m.memory_of.get(n, [])}, key=natural_key)
     if owners and d.type != pb.MEMORY_DOMAIN_TYPE_UNIFIED:
         lines.append((f"memory of {compact_ids(owners)}", "s", False))
     if d.memory_side_caches:
@@ -434,13 +449,14 @@ def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator],
     return box
 
 
-def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
-    """A domain box with the accelerators local to it underneath, as wide as their cards."""
-    mine = [a for a in m.accels if m.home.get(a.id) == d.id]
+def _domain_column(m: _Model, d: pb.MemoryDomain, max_w: int = 0) -> Block:
+    """A domain box with the accelerators local to it underneath, as wide as their cards (at most
+    ``max_w`` when the grid can be narrower)."""
+    mine = m.local.get(d.id, [])
     unified = d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED
     inside = [a for a in mine if unified and a.unified_memory]
-    below = [a for a in mine if a not in inside]
-    cards = _cards(below, m.domain_w, m.small_cards) if below else Block(0, 0)
+    below = [a for a in mine if not (unified and a.unified_memory)]
+    cards = _cards(below, m.domain_w, m.small_cards, max_w) if below else Block(0, 0)
     box = _domain_box(m, d, inside, max(m.domain_w, cards.w))
     if not below:
         return box
@@ -453,7 +469,10 @@ def _domain_column(m: _Model, d: pb.MemoryDomain) -> Block:
 
 
 def _package_block(m: _Model, packages: list[int], domains: list[pb.MemoryDomain]) -> Block:
-    cols = _flow((_domain_column(m, d) for d in domains), MAX_W - 4 * PAD)
+    # Narrower card grids (taller columns) where that keeps a package's domains on one row.
+    room = MAX_W - 4 * PAD
+    share = (room - GAP * (len(domains) - 1)) // max(1, len(domains))
+    cols = _flow((_domain_column(m, d, share) for d in domains), room)
     cpus = sorted({c for d in domains for c in d.attached_cpus})
     word = "package" if len(packages) == 1 else "packages"
     title = f"{word} {format_cpulist(packages)}" if packages else "package ?"
@@ -508,8 +527,10 @@ def _ramp(i: int, n: int) -> str:
 
 def _slit_matrix(m: _Model) -> tuple[list[int], list[list[int]]]:
     ids = [d.id for d in m.domains]
-    if all(len(d.distances) == len(ids) for d in m.domains):
-        return ids, [list(d.distances) for d in m.domains]
+    # A domain's distances follow the message's domain order, which need not be id order.
+    sent = {d.id: k for k, d in enumerate(m.topo.domains)}
+    if len(sent) == len(ids) and all(len(d.distances) == len(ids) for d in m.domains):
+        return ids, [[d.distances[sent[i]] for i in ids] for d in m.domains]
     pos = {d: i for i, d in enumerate(ids)}
     rows = [[10 if i == j else 0 for j in range(len(ids))] for i in range(len(ids))]
     for ic in m.topo.interconnects:
@@ -704,8 +725,15 @@ def _interconnect(m: _Model) -> Block:
         extra = [*rows[:PERF_ROWS], *([f"… {len(rows) - PERF_ROWS} more"] if len(rows) > PERF_ROWS else [])]
         body = _stack([body, _text_block([(t, "s") for t in extra])])
     cxl = any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in pairs)
-    note = "SLIT distance (10 = local)" + (", dashed: through CXL" if cxl else "")
+    note = "dN = domain N; SLIT distance (10 = local)" + (", dashed: through CXL" if cxl else "")
     return _section("Interconnect between domains", body, note)
+
+
+def _link_rank(lk: pb.AcceleratorLink) -> tuple[int, int, str]:
+    """Which of a pair's links its matrix cell shows, whatever their order in the message: a fast link
+    before a PCIe path class, more links before fewer, the nearer PCIe class before the farther."""
+    pci = PCI_CLASSES.index(lk.kind) + 1 if lk.kind in PCI_CLASSES else 0
+    return (pci, -lk.count, lk.kind)
 
 
 def _link_color(word: str, kind: str) -> str:
@@ -717,7 +745,8 @@ def _accel_links(m: _Model) -> Block:
     if not accels or not (m.topo.accelerator_links or m.topo.accelerator_groups):
         return Block(0, 0)
     lines: list[tuple[str, str, str]] = []  # text, class, swatch colour
-    for g in sorted(m.topo.accelerator_groups, key=lambda g: (g.kind, sorted(g.members, key=natural_key))):
+    for g in sorted(m.topo.accelerator_groups, key=lambda g: (g.kind, sorted(g.members, key=natural_key),
+                                                               g.link_kind, g.link_count, g.bandwidth_mbps)):
         members = sorted(g.members, key=natural_key)
         every = ""
         if g.link_kind:
@@ -731,6 +760,8 @@ def _accel_links(m: _Model) -> Block:
     for word, kind in fast + pci:
         lines.append((f"{word}: {counts[(word, kind)]} pair{'s' if counts[(word, kind)] != 1 else ''}"
                       + ("  (PCIe path)" if kind in PCI_CLASSES else ""), "s", _link_color(word, kind)))
+    if len(lines) > TEXT_ROWS:
+        lines = [*lines[:TEXT_ROWS - 1], (f"… {len(lines) - TEXT_ROWS + 1} more lines", "s", "")]
     text = Block(0, LINE * len(lines))
     for k, (t, c, sw) in enumerate(lines):
         x = 0
@@ -753,8 +784,7 @@ def _accel_links(m: _Model) -> Block:
             if a in idx and b in idx:
                 for key in ((idx[a], idx[b]), (idx[b], idx[a])):
                     old = cells.get(key)
-                    # A fast link outranks the PCIe path class of the same pair.
-                    if old is None or (old.kind in PCI_CLASSES and lk.kind not in PCI_CLASSES):
+                    if old is None or _link_rank(lk) < _link_rank(old):
                         cells[key] = lk
         def words(i: int, j: int) -> str:
             lk = cells.get((i, j))
@@ -784,6 +814,22 @@ def _cxl(m: _Model) -> Block:
         rows.append((f"{dv.name}: ram {human_bytes(dv.ram_size_bytes)}, pmem {human_bytes(dv.pmem_size_bytes)},"
                      f" at {dv.host or '?'} under {dv.host_bridge or '?'} (node {dv.numa_node})", "s"))
     return _section("CXL", _text_block(rows, max_rows=CXL_ROWS))
+
+
+def _loose_nodes(m: _Model) -> Block:
+    """NUMA nodes in no domain (MIG placeholders, offline CXL windows), grouped by what they are."""
+    groups: dict[str, list[int]] = {}
+    for n in m.topo.numa_nodes:
+        if n.domain < 0 and n.id not in m.node_domain:
+            what = n.note or ("possible, offline" if n.state == pb.NUMA_NODE_STATE_POSSIBLE_OFFLINE
+                              else f"CPUs {compact_cpus(n.cpus)}, no memory" if n.cpus and not n.memory_bytes
+                              else "no memory" if not n.memory_bytes else "in no domain")
+            groups.setdefault(what, []).append(n.id)
+    if not groups:
+        return Block(0, 0)
+    rows = [(f"node{'s' if len(ids) > 1 else ''} {format_cpulist(ids)}: {what}", "s")
+            for what, ids in sorted(groups.items(), key=lambda g: (min(g[1]), g[0]))]
+    return _section("NUMA nodes outside the domains", _text_block(rows))
 
 
 def _sources(m: _Model) -> Block:
@@ -857,13 +903,14 @@ def topology_svg(topo: pb.MemoryTopology) -> str:
     homeless = [a for a in m.accels if a.id not in m.home]
     if homeless:
         parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2, m.small_cards)))
-    parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _sources(m)], MAX_W, 14))
+    parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _loose_nodes(m), _sources(m)], MAX_W, 14))
     body = _stack(parts, 14)
     body = _stack([body, _legend(m, max(body.w, 560))], 14)
     w, h = body.w + 2 * 16, body.h + 2 * 16
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>\n',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="{ROOT_CLASS}" width="{w}" height="{h}"'
+        f' viewBox="0 0 {w} {h}">',
         f"<title>{_esc('memory topology of ' + (topo.node_name or 'node ?'))}</title>",
         f"<style>{STYLE}</style>",
         _rect(0, 0, w, h, "w"),

@@ -64,7 +64,10 @@ def test_drawing_is_well_formed_and_names_every_domain_accelerator_and_cxl_regio
     t = fresh(path)
     svg = topology_svg(t)
     root = ET.fromstring(svg.encode())
-    assert root.tag == f"{SVG}svg"
+    assert root.tag == f"{SVG}svg" and root.get("class") == "memtopo-drawing"
+    # Styles are scoped to the drawing: inlined into a page they touch nothing else.
+    (style,) = root.iter(f"{SVG}style")
+    assert all(rule.startswith(".memtopo-drawing ") for rule in (style.text or "").split("}") if rule)
     assert int(root.get("width", "0")) > 0 and int(root.get("height", "0")) > 0
     words = texts(root)
     shown = set(words)
@@ -103,6 +106,8 @@ def test_unified_superchip_domain_holds_its_gpu_inside_one_box() -> None:
     words = texts(innermost)
     assert "GPU0" in words
     assert any(w.startswith("GPU memory (node 1) ⇄ CPU 450 GB/s") for w in words)
+    # The driver's empty MIG placeholder nodes are named, outside every domain.
+    assert "nodes 2-8: MIG placeholder of GPU0" in texts(root)
     assert innermost.find(f"{SVG}rect").get("class") == "uni"  # type: ignore[union-attr]
 
 
@@ -148,7 +153,8 @@ def test_small_interconnect_is_a_graph_with_slit_and_hmat_labels() -> None:
     assert len(dashed) == sum(1 for i in t.interconnects if i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH) > 0
 
 
-@pytest.mark.parametrize("name", ["dual-socket-cxl-tiered.tar.gz", "nvidiaDGX2.xml", "ascend-a3-16npu"])
+@pytest.mark.parametrize("name", ["dual-socket-cxl-tiered.tar.gz", "nvidiaDGX2.xml", "ascend-a3-16npu",
+                                  "256ia64-64n2s2c.tar.bz2"])
 def test_same_topology_same_bytes_whatever_the_order_of_the_lists(name: str) -> None:
     path = next(p for p in INPUTS if _id(p) == name)
     first = topology_svg(fresh(path))
@@ -158,6 +164,7 @@ def test_same_topology_same_bytes_whatever_the_order_of_the_lists(name: str) -> 
     assert topology_svg(again) == first
     shuffled = fresh(path)
     rng = random.Random(7)
+    before = [d.id for d in shuffled.domains]
     for name in ("domains", "numa_nodes", "interconnects", "accelerator_links", "accelerator_groups", "sources",
                  "cxl_devices"):
         field: Any = getattr(shuffled, name)
@@ -167,6 +174,12 @@ def test_same_topology_same_bytes_whatever_the_order_of_the_lists(name: str) -> 
         rng.shuffle(items)
         del field[:]
         field.extend(items)
+    # Each domain's SLIT row follows the domain order of the message: it moves with the domains.
+    after = [d.id for d in shuffled.domains]
+    for d in shuffled.domains:
+        if d.distances:
+            row = dict(zip(before, d.distances, strict=True))
+            d.distances[:] = [row[i] for i in after]
     for g in shuffled.accelerator_groups:
         members = list(g.members)
         rng.shuffle(members)
@@ -271,3 +284,18 @@ def test_empty_and_affinity_less_topologies_still_draw() -> None:
     t = big_topology(0, 3)
     words = texts(ET.fromstring(topology_svg(t)))
     assert "Accelerators without NUMA affinity" in words and {"GPU0", "GPU1", "GPU2"} <= set(words)
+
+
+def test_a_pair_with_several_links_shows_the_same_one_whatever_their_order() -> None:
+    t = big_topology(2, 2)
+    del t.accelerator_groups[:]
+    links = [pb.AcceleratorLink(a="GPU0", b="GPU1", kind=kind, count=count)
+             for kind, count in (("PIX", 0), ("NV", 2), ("NV", 4))]
+    drawings = set()
+    for order in (links, links[::-1], links[1:] + links[:1]):
+        del t.accelerator_links[:]
+        t.accelerator_links.extend(order)
+        drawings.add(topology_svg(t))
+    (svg,) = drawings
+    # The cell shows the strongest link: NV4 over NV2 over the PCIe path class.
+    assert "NV4" in texts(ET.fromstring(svg))
