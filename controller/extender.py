@@ -616,13 +616,20 @@ class Extender:
         # Taken on the loop, where the fleet lives; the ranking runs in a thread so the loop keeps
         # serving agent links (the same split as the Place RPC).
         held, unknown = self.state.fleet.held_many(dict.fromkeys(names))
-        allocated: dict[str, set[int]] = {}
-        if ask.resource is not None:
-            for view in self.views:
-                for node, ids in view.allocated(ask.resource).items():
-                    allocated.setdefault(node, set()).update(ids)
-        return await asyncio.to_thread(self._judge_held, ask, held, unknown,
-                                       {n: frozenset(i for i in ids if 0 <= i < 8) for n, ids in allocated.items()})
+        allocated = self.allocated(ask.resource) if ask.resource is not None else {}
+        return await asyncio.to_thread(self._judge_held, ask, held, unknown, allocated)
+
+    def allocated(self, resource: str) -> dict[str, frozenset[int]]:
+        """Device ids (0–7) in use per node for ``resource``: the union of every view."""
+        merged: dict[str, set[int]] = {}
+        for view in self.views:
+            for node, ids in view.allocated(resource).items():
+                merged.setdefault(node, set()).update(ids)
+        return {n: frozenset(i for i in ids if 0 <= i < 8) for n, ids in merged.items()}
+
+    def in_use(self, policy: str) -> dict[str, frozenset[int]]:
+        """``allocated`` for the resource of a device policy (hccs, xpu)."""
+        return self.allocated(_DEVICE_RESOURCE[policy])
 
     def _judge_held(self, ask: PodAsk, held: Sequence[tuple[str, bool, bytes | None]], unknown: Sequence[str],
                     allocated: Mapping[str, frozenset[int]]) -> Judgement:

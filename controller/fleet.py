@@ -85,7 +85,8 @@ class SnapshotOutcome:
 @dataclass(frozen=True)
 class NodeInfo:
     """One row of ListNodes. ``generation``/``fingerprint`` are the held snapshot's (0/"" if none);
-    ``last_seen`` is the time of the node's last message, or of its disconnect (Unix seconds)."""
+    ``last_seen`` is the time of the node's last message, or of its disconnect; ``updated`` when the
+    held snapshot was stored (0 if none) (Unix seconds)."""
 
     node_name: str
     agent_instance_id: str
@@ -98,6 +99,7 @@ class NodeInfo:
     peer: str
     numa_nodes: int
     accelerators: int
+    updated: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,12 @@ class _Held:
     fingerprint: str
     numa_nodes: int
     accelerators: int
+    stored_at: float
 
     @classmethod
-    def of(cls, topology: pb.MemoryTopology, instance_id: str) -> _Held:
+    def of(cls, topology: pb.MemoryTopology, instance_id: str, now: float) -> _Held:
         return cls(topology.SerializeToString(), instance_id, topology.generation, topology.fingerprint,
-                   len(topology.numa_nodes), len(topology.accelerators))
+                   len(topology.numa_nodes), len(topology.accelerators), now)
 
 
 @dataclass
@@ -210,14 +213,14 @@ class Fleet:
         node = self._sessions.get(session)
         if node is None:
             return SnapshotOutcome(False, None, "link superseded")
-        node.last_seen = self._clock()
+        now = node.last_seen = self._clock()
         held = node.held
         if (held is not None and held.instance_id == node.instance_id
                 and topology.generation < held.generation):
             # Stale in-flight message; the agent's later messages carry the newer generation.
             return SnapshotOutcome(False, None,
                                    f"generation {topology.generation} is older than the held {held.generation}")
-        node.held = _Held.of(topology, node.instance_id)
+        node.held = _Held.of(topology, node.instance_id, now)
         node.request_outstanding = False
         return SnapshotOutcome(True, self._ack(node))
 
@@ -311,6 +314,18 @@ class Fleet:
         stored = node.results.get(plan_id) if node else None
         return planpb.PlanResult.FromString(stored[1]) if stored else None
 
+    def results(self, node_name: str, limit: int) -> list[planpb.PlanResult]:
+        """The node's last ``limit`` plan results, newest first (by arrival)."""
+        node = self._nodes.get(node_name)
+        if node is None or limit <= 0:
+            return []
+        return [planpb.PlanResult.FromString(payload)
+                for _, payload in itertools.islice(reversed(node.results.values()), limit)]
+
+    def info(self, node_name: str) -> NodeInfo | None:
+        node = self._nodes.get(node_name)
+        return self._info(node) if node is not None else None
+
     def nodes(self) -> list[NodeInfo]:
         return [self._info(self._nodes[name]) for name in sorted(self._nodes)]
 
@@ -335,4 +350,5 @@ class Fleet:
             agent_version=node.agent_version,
             generation=held.generation if held else 0, fingerprint=held.fingerprint if held else "",
             connected=node.session != 0, last_seen=node.last_seen, peer=node.peer,
-            numa_nodes=held.numa_nodes if held else 0, accelerators=held.accelerators if held else 0)
+            numa_nodes=held.numa_nodes if held else 0, accelerators=held.accelerators if held else 0,
+            updated=held.stored_at if held else 0.0)

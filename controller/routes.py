@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
-from memtopo.controller import extender
+from memtopo.controller import extender, fleet_page
 from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.state import ControllerState
 
@@ -13,6 +13,7 @@ from memtopo.controller.state import ControllerState
 def install_routes(routes: Routes, state: ControllerState) -> None:
     install_core(routes, state)
     extender.install(routes, state)
+    fleet_page.install(routes, state)
 
 
 def install_core(routes: Routes, state: ControllerState) -> None:

@@ -162,6 +162,7 @@ class _Hub:
         # node → (plan_id, dry_run) → in flight. Kept across link drops: a node that reconnects
         # before the submitter gives up gets the plan again (the agent answers a seen id from its store).
         self.inflight: dict[str, dict[tuple[str, bool], _InFlight]] = {}
+        state.pending_plans = lambda node: list(self.inflight.get(node, ()))
 
     def link_of(self, node: str) -> _Link | None:
         session = self.fleet.session_of(node)

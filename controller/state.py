@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -64,6 +65,8 @@ class ControllerState:
     changes: Changes = field(default_factory=Changes)
     # Set when the controller begins to stop: /healthz then answers 503.
     stopping: bool = False
+    # node → (plan_id, dry_run) of the plans sent to it that await a result (the server sets it).
+    pending_plans: Callable[[str], Iterable[tuple[str, bool]]] = lambda node: ()
     # The Kubernetes API server the scheduler extender binds through and reads pods from (None: none).
     kube: PodApi | None = None
     kube_refresh_s: float = 10.0

@@ -286,3 +286,31 @@ def _empty(policy: str, skipped: Sequence[Skipped]) -> PlanError:
         return PlanError("unsatisfiable", f"no node the {policy} policy can use: the controller holds none")
     return unsatisfiable(f"no node the {policy} policy can use", (f"{s.name}: {s.reason}" for s in skipped),
                          len(skipped))
+
+
+def node_device_view(topo: pb.MemoryTopology) -> tuple[str, DeviceView | str] | None:
+    """The device policy a node's accelerators belong to (hccs for NPUs, xpu for XPUs) and its
+    DeviceView under it (or why the node cannot serve it); None for a node with neither."""
+    kinds = {a.kind for a in topo.accelerators}
+    policy = ("hccs" if pb.ACCELERATOR_KIND_NPU in kinds else "xpu" if pb.ACCELERATOR_KIND_XPU in kinds
+              else None)
+    return (policy, device_view(policy, topo)) if policy is not None else None
+
+
+def view_json(policy: str, view: DeviceView | str, allocated: frozenset[int] = _NONE) -> dict[str, Any]:
+    """What ``policy`` sees of a node with ``allocated`` handed out, for display; derived as
+    ``evaluate`` derives its nodes. ``unusable``: why the policy cannot use the node.
+
+    hccs: the available NPUs, the free count of each ring and, per pod size, the priority group
+    (A–D) the node falls into (None: the pod does not fit). xpu: the used XPUs and the node's MTF.
+    """
+    if isinstance(view, str):
+        return {"policy": policy, "unusable": view}
+    if policy == "hccs":
+        node = _hccs_node("", view, allocated)
+        rings = [sum(1 for i in node.available if i in half) for half in _HALVES]
+        fits = {str(size): hccs.group_of(size, rings[0], rings[1]) for size in (1, 2, 4, hccs.NODE_NPUS)}
+        return {"policy": policy, "available": list(node.available), "capacity": node.capacity,
+                "ring_free": rings, "free_rings": sum(1 for r in rings if r == hccs.RING_NPUS), "groups": fits}
+    used = _xpu_node("", view, allocated)
+    return {"policy": policy, "used": list(used.used), "mtf": xpu.mtf(used.occupancy)}

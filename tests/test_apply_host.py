@@ -335,7 +335,7 @@ def test_real_mempolicy_calls_in_a_child() -> None:
     """set_mempolicy acts on the calling thread: do it in a child, report back."""
     import subprocess
     import sys
-    code = ("from apply.host import LinuxKernel, MPOL_BIND\n"
+    code = ("from memtopo.apply.host import LinuxKernel, MPOL_BIND\n"
             "k = LinuxKernel()\nprint(k.get_mempolicy())\nk.set_mempolicy(MPOL_BIND, [0])\nprint(k.get_mempolicy())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout.splitlines()

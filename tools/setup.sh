@@ -12,6 +12,13 @@ find_python() {
   done
   echo "no Python >= 3.12 found (set MEMTOPO_PYTHON)" >&2; exit 1
 }
+# The fleet page's browser tests drive Debian's Chromium (playwright's own browser download cannot
+# run here); installed only where missing and only as root, else those tests skip and say why.
+if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium fonts-liberation fonts-dejavu-core >/dev/null; } ||
+    echo "tools/setup.sh: could not install chromium; the fleet page's browser tests will skip" >&2
+fi
 stamp=.venv/.memtopo-setup
 want=$(sha256sum pyproject.toml | cut -c1-16)
 if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
