@@ -1,6 +1,6 @@
 """``memtopo serve`` and ``memtopo query``: run the agent, and a client for every NodeAgent RPC.
 
-    memtopo serve [--config FILE] [--with-controller [ADDR]]
+    memtopo serve [--config FILE] [--with-controller [ADDR] [--controller-http ADDR]]
     memtopo query topology|watch|health|plans [--addr ADDR] [--format text|json]
     memtopo query apply PLAN.json|- [--dry-run] [--expected-generation N]
     memtopo query result PLAN_ID
@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from memtopo.cli.output import fail
+from memtopo.controller.defaults import DEFAULT_HTTP
 
 if TYPE_CHECKING:
     import grpc
@@ -30,6 +31,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def add_commands(subparsers: Any) -> None:
     s = subparsers.add_parser("serve", help="run the agent (gRPC, controller link, health, metrics)")
     s.add_argument("--config", help="TOML config file (default: the embedded defaults)")
+    s.add_argument("--controller-http", default=DEFAULT_HTTP, metavar="ADDR",
+                   help=f"with --with-controller: its HTTP listener, the fleet page and /scheduler/ "
+                        f"(default {DEFAULT_HTTP}; '' = off)")
     s.add_argument("--with-controller", nargs="?", const="127.0.0.1:9470", default=None, metavar="ADDR",
                    help="also run the reference controller in this process on ADDR (loopback) and link to it")
     s.add_argument("--root", help="discover this captured root instead of the host (overrides the config)")
@@ -79,7 +83,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fail(exc)
         return EXIT_CONFIG  # the unit's RestartPreventExitStatus: a bad config is not retried
     configure_logging(config.log.level, config.log.format)
-    sidecar = EmbeddedController(args.with_controller) if args.with_controller is not None else None
+    sidecar = (EmbeddedController(args.with_controller, args.controller_http or None)
+               if args.with_controller is not None else None)
     try:
         return asyncio.run(Agent(config, sidecar=sidecar).run())
     except TransportError as exc:  # socket in use, unreadable certificate, unknown group
@@ -91,15 +96,16 @@ class EmbeddedController:
     """The main job on one machine: the reference controller in the agent's process, which the agent
     then links to over loopback. Put together here: the agent and the controller never import each other."""
 
-    def __init__(self, listen: str) -> None:
+    def __init__(self, listen: str, http: str | None) -> None:
         self.listen = listen
+        self.http = http  # the fleet page and the extender's verbs; None: no HTTP listener
         self._server: Any = None
 
     async def start(self) -> str:
         """Starts the controller; the address the agent's link dials."""
         from memtopo.controller.server import start_controller
 
-        self._server = await start_controller(self.listen)
+        self._server = await start_controller(self.listen, http=self.http)
         host = self.listen.rpartition(":")[0] or "127.0.0.1"
         return f"{host}:{self._server.port}"
 

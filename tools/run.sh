@@ -12,5 +12,6 @@ memtopo: starting the agent + reference controller (127.0.0.1:9470). In another 
   .venv/bin/memtopo query health            # grpc.health.v1
   .venv/bin/memtopo controller nodes        # what the controller holds
   curl -s 127.0.0.1:9464/readyz; curl -s 127.0.0.1:9464/metrics
+  open http://127.0.0.1:9471/ in a browser: the controller's fleet page
 TXT
 exec .venv/bin/memtopo serve --with-controller "$@"
