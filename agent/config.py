@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 from memtopo.addresses import AddressError, is_loopback, parse_host_port
 from memtopo.apply import cgroups
 from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
-from memtopo.k8s.facts import DEFAULT_POD_RESOURCES_SOCKET
+from memtopo.k8s.defaults import DEFAULT_POD_RESOURCES_SOCKET
 from memtopo.text import excerpt
 
 DEFAULT_CONFIG_PATH = Path("/etc/memtopo/agent.toml")

@@ -294,7 +294,7 @@ class Publisher:
 def publisher_for(cfg: KubernetesConfig, agent_node_name: str, fs: HostFS, state: TopologyState,
                   registry: CollectorRegistry | None = None) -> Publisher:
     """The agent's publisher for its ``[kubernetes]`` section; ``fs`` is the root the agent discovers."""
-    from memtopo.k8s.facts import DEFAULT_CONFIG_PATHS
+    from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS
     from memtopo.k8s.kubelet import read_kubelet_facts
     from memtopo.k8s.podresources import PodResourcesError, read_pod_resources
 

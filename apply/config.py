@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
 
-IrqbalancePolicy = Literal["leave", "ban", "stop"]
-IRQBALANCE_POLICIES: tuple[IrqbalancePolicy, ...] = ("leave", "ban", "stop")
+from memtopo.apply.defaults import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES, IrqbalancePolicy
 
-DEFAULT_STATE_DIR = "/var/lib/memtopo/apply"
+__all__ = ["DEFAULT_STATE_DIR", "IRQBALANCE_POLICIES", "ApplyConfig", "IrqbalancePolicy"]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtopo.apply.config import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES
+from memtopo.apply.defaults import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES
 from memtopo.cli.output import fail
 
 if TYPE_CHECKING:

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from memtopo.cli.output import fail
-from memtopo.k8s.facts import DEFAULT_CONFIG_PATHS, DEFAULT_POD_RESOURCES_SOCKET, PodResourcesView
+from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS, DEFAULT_POD_RESOURCES_SOCKET
 
 EXIT_USAGE = 2
 
 
 def dump(obj: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
+        import json
+
         return json.dumps(obj, indent=2) + "\n"
     import yaml
 
@@ -27,6 +28,7 @@ def cmd_nrt(args: argparse.Namespace) -> int:
     from memtopo.discovery.discover import discover
     from memtopo.discovery.source import ProbeContext
     from memtopo.hostfs import HostFS
+    from memtopo.k8s.facts import PodResourcesView
     from memtopo.k8s.kubelet import read_kubelet_facts
     from memtopo.k8s.nrt import NrtError, build_nrt
     from memtopo.k8s.podresources import PodResourcesError, read_pod_resources

@@ -11,12 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-# Where the kubelet serves its PodResources API.
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-# The kubelet's configuration file: where kubeadm and most distributions put it; the first that exists is read.
-DEFAULT_CONFIG_PATHS = ("/var/lib/kubelet/config.yaml", "/etc/kubernetes/kubelet-config.yaml",
-                        "/etc/kubernetes/kubelet/config.yaml")
-
 
 def _frozen(m: Mapping[int, Mapping[str, int]] | None = None) -> Mapping[int, Mapping[str, int]]:
     return MappingProxyType({k: MappingProxyType(dict(v)) for k, v in (m or {}).items()})

@@ -18,7 +18,8 @@ from typing import Any
 
 from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.hostfs import HostFS, HostReadError
-from memtopo.k8s.facts import DEFAULT_CONFIG_PATHS, KubeletFacts
+from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS
+from memtopo.k8s.facts import KubeletFacts
 from memtopo.k8s.nrt import hugepage_resource
 
 MAX_CONFIG_BYTES = 1 << 20

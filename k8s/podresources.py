@@ -17,7 +17,8 @@ import grpc
 
 from memtopo.k8s.api.podresources.v1 import podresources_pb2 as pr
 from memtopo.k8s.api.podresources.v1 import podresources_pb2_grpc as pr_grpc
-from memtopo.k8s.facts import DEFAULT_POD_RESOURCES_SOCKET, DeviceGrant, MemoryGrant, PodResourcesView
+from memtopo.k8s.defaults import DEFAULT_POD_RESOURCES_SOCKET
+from memtopo.k8s.facts import DeviceGrant, MemoryGrant, PodResourcesView
 
 DEFAULT_SOCKET = DEFAULT_POD_RESOURCES_SOCKET
 # The kubelet's own server limit for these answers is 16 MiB (podresources.DefaultMaxMsgSize).
