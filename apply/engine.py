@@ -255,7 +255,7 @@ class Engine:
                   rejections: list[str]) -> planpb.PlanResult:
         # Not stored: nothing was touched, and a plan refused on this host's state may be valid later.
         return _plan_result(plan, P.STATE_REJECTED, f"{len(rejections)} validation error(s); nothing was touched",
-                                 started, topo, rejections=rejections)
+                            started, topo, rejections=rejections)
 
     def _steps(self, plan: planpb.BindingPlan, validation: Validation, ctx: RunContext,
                results: list[planpb.ActionResult | None]) -> list[Step | None]:
