@@ -7,8 +7,8 @@ Two kinds of problems:
   or nodes the topology does not have, protected processes (pid 1, kernel threads, the agent),
   contradictions between actions.
 * **Host conditions** (the process or IRQ is gone, a pattern matches nothing, no cpuset hierarchy)
-  reject a required action but only skip an optional one, with the reason (seed 000: IRQ binding
-  and migration are conditional).
+  reject a required action but only skip an optional one, with the reason (IRQ binding and
+  migration are conditional).
 
 Each rejection is ``"<action id>: <reason>"`` (``"plan: …"`` for the plan itself). Validation
 also resolves every selector (threads, IRQs, cgroups) so apply works on what was checked.
