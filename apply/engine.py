@@ -76,6 +76,50 @@ def _result(aid: str, status: int, reason: str = "", before: Sequence[str] = (),
     return r
 
 
+def _plan_result(plan: planpb.BindingPlan, state: int, message: str, started: Timestamp,
+                 topo: pb.MemoryTopology | None, actions: Sequence[planpb.ActionResult | None] = (),
+                 rejections: Sequence[str] = ()) -> planpb.PlanResult:
+    res = planpb.PlanResult(plan_id=plan.plan_id, state=state, message=message)  # type: ignore[arg-type]
+    res.actions.extend(a for a in actions if a is not None)
+    res.rejections.extend(rejections)
+    res.started.CopyFrom(started)
+    res.finished.CopyFrom(_now())
+    if topo is not None:
+        res.node_name = topo.node_name
+    return res
+
+
+def restore_actions(host: Host, entries: Sequence[tuple[str, Sequence[UndoOp]]]) -> dict[str, list[Outcome]]:
+    """Restore the undo records of every (action id, ops) entry, all of them as one sequence in
+    reverse and verified (undo.restore_all: a later action's restore may be what lets an earlier
+    one's hold), and group the outcomes by action. The one restore of a failed run and of a
+    journal (a crashed run's, or a rollback on request)."""
+    flat: list[UndoOp] = [op for _, ops in entries for op in ops]
+    outcomes = restore_all(host, flat) if flat else []
+    per_action: dict[str, list[Outcome]] = {}
+    k = 0
+    for aid, ops in entries:
+        per_action.setdefault(aid, []).extend(outcomes[k:k + len(ops)])
+        k += len(ops)
+    return per_action
+
+
+def settle(r: planpb.ActionResult, outcomes: Sequence[Outcome], restored: str,
+           restore_failed: str = "restore failed") -> bool:
+    """Say on an action's result how restoring its changes went; True when every restore held.
+    Held: ROLLED_BACK (a FAILED action stays FAILED) and ``restored`` with the restores' notes;
+    else ROLLBACK_FAILED and ``restore_failed`` with them."""
+    note = "; ".join(o.note for o in outcomes if o.note)
+    if all(o.ok for o in outcomes):
+        if r.status != S.STATUS_FAILED:
+            r.status = S.STATUS_ROLLED_BACK
+        r.reason = _join(r.reason, f"{restored}: {note}" if note else restored)
+        return True
+    r.status = S.STATUS_ROLLBACK_FAILED
+    r.reason = _join(r.reason, f"{restore_failed}: {note}")
+    return False
+
+
 class Engine:
     def __init__(self, host: Host, topology_provider: TopologyProvider, state_dir: str | Path,
                  config: ApplyConfig | None = None, hook: Hook | None = None) -> None:
@@ -207,27 +251,11 @@ class Engine:
                 self._boot_id = ""
         return self._boot_id
 
-    def _call_hook(self, event: str, action: planpb.PlanAction) -> None:
-        if self.hook is not None:
-            self.hook(event, action)
-
-    def _plan_result(self, plan: planpb.BindingPlan, state: int, message: str, started: Timestamp,
-                     topo: pb.MemoryTopology | None, actions: Sequence[planpb.ActionResult | None] = (),
-                     rejections: Sequence[str] = ()) -> planpb.PlanResult:
-        res = planpb.PlanResult(plan_id=plan.plan_id, state=state, message=message)  # type: ignore[arg-type]
-        res.actions.extend(a for a in actions if a is not None)
-        res.rejections.extend(rejections)
-        res.started.CopyFrom(started)
-        res.finished.CopyFrom(_now())
-        if topo is not None:
-            res.node_name = topo.node_name
-        return res
-
     def _rejected(self, plan: planpb.BindingPlan, started: Timestamp, topo: pb.MemoryTopology | None,
                   rejections: list[str]) -> planpb.PlanResult:
         # Not stored: nothing was touched, and a plan refused on this host's state may be valid later.
-        return self._plan_result(plan, P.STATE_REJECTED, f"{len(rejections)} validation error(s); nothing was touched",
-                                 started, topo, rejections=rejections)
+        return _plan_result(plan, P.STATE_REJECTED, f"{len(rejections)} validation error(s); nothing was touched",
+                            started, topo, rejections=rejections)
 
     def _steps(self, plan: planpb.BindingPlan, validation: Validation, ctx: RunContext,
                results: list[planpb.ActionResult | None]) -> list[Step | None]:
@@ -272,7 +300,7 @@ class Engine:
         stored = self.store.load_result(plan.plan_id) if plan.plan_id else None
         if stored is not None:
             msg += " (this plan id was applied before: apply would return its stored result)"
-        return self._plan_result(plan, P.STATE_DRY_RUN, msg, started, topo, results)
+        return _plan_result(plan, P.STATE_DRY_RUN, msg, started, topo, results)
 
     def _run(self, plan: planpb.BindingPlan, sha: str, topo: pb.MemoryTopology, validation: Validation,
              started: Timestamp) -> planpb.PlanResult:
@@ -280,7 +308,7 @@ class Engine:
         n = len(plan.actions)
         results: list[planpb.ActionResult | None] = [None] * n
         steps = self._steps(plan, validation, ctx, results)
-        run = _Run(self, plan, sha, topo, started, results)
+        run = _Run(self.host, self.store, self.hook, self.boot_id(), plan, sha, topo, started, results)
         try:
             i = 0
             while i < n:
@@ -319,14 +347,8 @@ class Engine:
             if finished:
                 raise StateError(f"cannot record the rollback, nothing was restored: {exc}") from exc
             notes.append(f"the rollback's start could not be journaled ({exc})")
-        flat: list[UndoOp] = [op for _, _, ops in entries for op in ops]
-        outcomes = restore_all(self.host, flat)
-        per_action: dict[str, list[Outcome]] = {}
-        k = 0
-        for _, aid, ops in entries:
-            per_action.setdefault(aid, []).extend(outcomes[k:k + len(ops)])
-            k += len(ops)
-        ok = all(o.ok for o in outcomes)
+        per_action = restore_actions(self.host, [(aid, ops) for _, aid, ops in entries])
+        bad = sum(1 for outs in per_action.values() for o in outs if not o.ok)
         res = planpb.PlanResult()
         plan = js.plan or planpb.BindingPlan(plan_id=plan_id)
         if base is not None:
@@ -354,20 +376,11 @@ class Engine:
                 ar.status = S.STATUS_ROLLBACK_FAILED
                 ar.reason = _join(ar.reason, f"not restored: {lost[ar.action_id]}; check it by hand")
                 continue
-            if outs is None:
-                continue
-            note = "; ".join(o.note for o in outs if o.note)
-            if all(o.ok for o in outs):
-                if ar.status != S.STATUS_FAILED:
-                    ar.status = S.STATUS_ROLLED_BACK
-                ar.reason = _join(ar.reason, f"restored{': ' + note if note else ''}")
-            else:
-                ar.status = S.STATUS_ROLLBACK_FAILED
-                ar.reason = _join(ar.reason, f"restore failed: {note}")
-        ok = ok and not lost
+            if outs is not None:
+                settle(ar, outs, "restored")
+        ok = not bad and not lost
         res.state = P.STATE_ROLLED_BACK if ok else P.STATE_FAILED
         restored = sum(1 for a in res.actions if a.status == S.STATUS_ROLLED_BACK)
-        bad = sum(1 for o in outcomes if not o.ok)
         if ok:
             res.message = f"{why}: {restored} action(s) restored"
         elif lost:
@@ -442,9 +455,13 @@ def _join(a: str, b: str) -> str:
 class _Run:
     """One apply in progress: the journal, what was started, and the results so far."""
 
-    def __init__(self, engine: Engine, plan: planpb.BindingPlan, sha: str, topo: pb.MemoryTopology,
-                 started: Timestamp, results: list[planpb.ActionResult | None]) -> None:
-        self.engine = engine
+    def __init__(self, host: Host, store: StateStore, hook: Hook | None, boot_id: str, plan: planpb.BindingPlan,
+                 sha: str, topo: pb.MemoryTopology, started: Timestamp,
+                 results: list[planpb.ActionResult | None]) -> None:
+        self.host = host
+        self.store = store
+        self.hook = hook
+        self.boot_id = boot_id
         self.plan = plan
         self.sha = sha
         self.topo = topo
@@ -459,18 +476,14 @@ class _Run:
         # State directory writes that failed while restoring or finishing (said in the message).
         self.state_errors: list[str] = []
 
-    @property
-    def host(self) -> Host:
-        return self.engine.host
-
     def _journal_first(self, entries: list[tuple[int, str, list[UndoOp]]]) -> None:
         """Before the first change: the state directory's reserve (once per apply), begin + the
         first undo records (one fsync), then the plan marked pending. Any failure raises
         StateError with nothing changed and nothing left pending."""
-        store = self.engine.store
+        store = self.store
         try:
             store.reserve()
-            self.journal = store.begin(self.plan, self.sha, self.engine.boot_id())
+            self.journal = store.begin(self.plan, self.sha, self.boot_id)
             self.journal.undo(entries)
             store.mark_open(self.plan.plan_id)
             self.journal.on_full = store.spend_reserve
@@ -547,10 +560,12 @@ class _Run:
         """Apply one prepared action; None to go on with the group, else what group returns."""
         action, step = self.plan.actions[k], steps[k]
         assert step is not None
-        self.engine._call_hook("before_action", action)
+        if self.hook is not None:
+            self.hook("before_action", action)
         if not p.changes and not p.run_anyway:
             self.results[k] = _result(action.id, S.STATUS_UNCHANGED, "", p.before, p.after, p.details)
-            self.engine._call_hook("after_action", action)
+            if self.hook is not None:
+                self.hook("after_action", action)
             return None
         self.started.append((k, p))
         try:
@@ -568,9 +583,9 @@ class _Run:
         status = S.STATUS_UNCHANGED if done.unchanged else S.STATUS_APPLIED
         self.results[k] = _result(action.id, status, "", p.before, done.after, done.details)
         self.done.append({"t": "done", "action": action.id, "status": S.Status.Name(status)})
-        if self.engine.hook is not None:
+        if self.hook is not None:
             self._flush_done()  # a hook may stop the process here: keep the record
-            self.engine._call_hook("after_action", action)
+            self.hook("after_action", action)
         return None
 
     def _flush_done(self) -> None:
@@ -603,34 +618,24 @@ class _Run:
         failed_id = actions[k].id if k is not None else ""
         self.done = []  # informational, and the journal is about to say "rollback"
         self._try_write([{"t": "rollback"}], sync=True)
-        flat: list[UndoOp] = [op for _, p in self.started for op in p.undo]
-        outcomes = restore_all(self.host, flat) if flat else []
-        pos = 0
+        per_action = restore_actions(self.host, [(actions[idx].id, p.undo) for idx, p in self.started])
         all_ok = True
         if k is not None:
             prev = self.results[k]
             self.results[k] = _result(failed_id, S.STATUS_FAILED, reason,
                                       prev.before if prev else (), prev.after if prev else ())
         because = f"{failed_id} failed" if k is not None else "the run could not be recorded"
-        for idx, p in self.started:
-            outs = outcomes[pos:pos + len(p.undo)]
-            pos += len(p.undo)
-            ok = all(o.ok for o in outs)
-            all_ok = all_ok and ok
-            notes = "; ".join(o.note for o in outs if o.note)
+        for idx, _ in self.started:
             r = self.results[idx]
-            if idx == k:
-                assert r is not None
-                r.reason = _join(r.reason, "its partial changes were restored" if ok else f"restoring its partial "
-                                 f"changes failed: {notes}")
-                if not ok:
-                    r.status = S.STATUS_ROLLBACK_FAILED
-                continue
             if r is None:
                 r = _result(actions[idx].id, S.STATUS_APPLIED)
                 self.results[idx] = r
-            r.status = S.STATUS_ROLLED_BACK if ok else S.STATUS_ROLLBACK_FAILED
-            r.reason = _join(r.reason, f"restored because {because}" if ok else f"restore failed: {notes}")
+            outs = per_action[actions[idx].id]
+            if idx == k:
+                ok = settle(r, outs, "its partial changes were restored", "restoring its partial changes failed")
+            else:
+                ok = settle(r, outs, f"restored because {because}")
+            all_ok = all_ok and ok
         for i, r in enumerate(self.results):
             if r is None:
                 self.results[i] = _result(actions[i].id, S.STATUS_SKIPPED, f"not run: {because}")
@@ -658,10 +663,10 @@ class _Run:
         without one would make the run look finished with nothing recorded of it."""
         if self.state_errors:
             msg = f"{msg}; the state directory failed while restoring: {'; '.join(self.state_errors)}"
-        res = self.engine._plan_result(self.plan, state, msg, self.started_at, self.topo, self.results)
+        res = _plan_result(self.plan, state, msg, self.started_at, self.topo, self.results)
         name = P.State.Name(state)  # type: ignore[arg-type]
         try:
-            self.engine.store.save_result(self.plan.plan_id, self.sha, res)
+            self.store.save_result(self.plan.plan_id, self.sha, res)
         except StateError as exc:
             if not rolled_back and self.started:
                 # Changed and unrecorded: undo it all rather than leave what no result describes.
@@ -678,5 +683,5 @@ class _Run:
             ended = self._try_write([{"t": "end", "state": name}])
             self.journal.close()
             if ended and self.journaled:
-                self.engine.store.mark_closed(self.plan.plan_id)
+                self.store.mark_closed(self.plan.plan_id)
         return res

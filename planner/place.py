@@ -642,7 +642,7 @@ def decide(req: PlaceRequest, topo: pb.MemoryTopology, *, name: str | None = Non
 def to_binding_plan(decision: PlaceDecision, topo: pb.MemoryTopology, pid: int, *, plan_id: str,
                     ) -> planpb.BindingPlan:
     """Bind running process ``pid`` to the decision: every thread on its CPUs (required), then its
-    memory as far as a running process allows (apply/validate.py: only bind can be imposed from
+    memory as far as a running process allows (apply/actions/mempolicy.py: only bind can be imposed from
     outside, through the cpuset's mems):
 
     * ``bind``: MODE_BIND on the planned nodes with migrate_existing (required); on a Unified

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from memtopo.apply import irqbalance
+from memtopo.apply.actions import ACTIONS
 from memtopo.v1 import plan_pb2 as planpb
 from tests.apply_fakes import (
     ONLINE_CPUS,
@@ -36,6 +37,17 @@ WORKER_TIDS = range(100, 111)
 @pytest.fixture
 def m(tmp_path: Path) -> FakeMachine:
     return machine(tmp_path)
+
+
+def test_every_plan_action_kind_in_the_schema_has_a_kind_module() -> None:
+    """A kind added to the PlanAction oneof without a registry entry would be refused by every plan
+    (validation finds no check for it); one listed under another name would never be reached."""
+    oneof = planpb.PlanAction.DESCRIPTOR.oneofs_by_name["action"]
+    assert [f.name for f in oneof.fields] == list(ACTIONS)
+    for name, kind in ACTIONS.items():
+        assert kind.name == name
+        # The step's kind names its overlay entries and fsync groups (Step.kind): the same name.
+        assert getattr(kind.step, "kind", None) == name, kind.step
 
 
 @pytest.fixture

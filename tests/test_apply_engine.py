@@ -123,6 +123,37 @@ def test_result_and_list_plans(m: FakeMachine) -> None:
 
 
 # ---- failures --------------------------------------------------------------------------------------
+def test_a_failed_run_and_a_crashed_one_report_a_restore_alike(m: FakeMachine, tmp_path: Path) -> None:
+    """One restore path: what restoring an action says (here: its pages stay where they are, the
+    process had pages on the destination before) reaches its result whether a later required action
+    failed or the run died and recovery restored its journal."""
+    note = "pages left where they are"
+
+    def two() -> planpb.BindingPlan:
+        return plan("two", migrate("m", 100, [0], [1]), threads("t", 200, [1], all=True))
+
+    m.kernel.fail_on("set_affinities", 1, errno.EINVAL)
+    failed = m.engine().apply(two())
+    assert failed.state == P.STATE_ROLLED_BACK, failed
+    assert failed.actions[0].status == S.STATUS_ROLLED_BACK
+    assert failed.actions[0].reason.startswith("restored because t failed: ")
+
+    def hook(event: str, action: planpb.PlanAction) -> None:
+        if event == "after_action" and action.id == "m":
+            raise Crash
+
+    (tmp_path / "other").mkdir()
+    other = machine(tmp_path / "other")  # the same host as m before its failed run
+    with pytest.raises(Crash):
+        other.engine(hook=hook).apply(two())
+    [crashed] = other.engine().recover()
+    assert crashed.state == P.STATE_ROLLED_BACK, crashed
+    assert crashed.actions[0].status == S.STATUS_ROLLED_BACK
+    assert crashed.actions[0].reason.startswith("restored: ")
+    said = failed.actions[0].reason.removeprefix("restored because t failed: ")
+    assert note in said and crashed.actions[0].reason.removeprefix("restored: ") == said
+
+
 def test_third_action_failing_restores_the_first_two(m: FakeMachine) -> None:
     start = _host_state(m)
     m.kernel.fail_on("set_affinities", 1, errno.EINVAL)

@@ -1,29 +1,35 @@
-"""One step class per plan action kind; :func:`make_step` picks it from the validated target."""
+"""The action kinds, by the PlanAction oneof that names them. Each kind's module holds its target,
+its check and its step (apply/actions/base.py ``ActionKind``); a new kind is one module and one
+entry here (tests/test_apply_actions.py checks every oneof has one)."""
 
 from __future__ import annotations
 
-from memtopo.apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step
-from memtopo.apply.actions.cpuset import CpusetStep
-from memtopo.apply.actions.irq import IrqStep
-from memtopo.apply.actions.mempolicy import MemPolicyStep
-from memtopo.apply.actions.migrate import MigrationStep
-from memtopo.apply.actions.threads import ThreadStep
-from memtopo.apply.validate import CpusetTarget, IrqTarget, MemPolicyTarget, MigrationTarget, Target, ThreadTarget
+from typing import Any
+
+from memtopo.apply.actions import cpuset, irq, mempolicy, migrate, threads
+from memtopo.apply.actions.base import (
+    ActionError,
+    ActionKind,
+    ActionSkipError,
+    Applied,
+    Overlay,
+    Prepared,
+    RunContext,
+    Step,
+)
 from memtopo.v1 import plan_pb2 as planpb
 
-
-def make_step(ctx: RunContext, action: planpb.PlanAction, target: Target) -> Step:
-    match target:
-        case ThreadTarget():
-            return ThreadStep(ctx, action, target)
-        case CpusetTarget():
-            return CpusetStep(ctx, action, target)
-        case IrqTarget():
-            return IrqStep(ctx, action, target)
-        case MigrationTarget():
-            return MigrationStep(ctx, action, target)
-        case MemPolicyTarget():
-            return MemPolicyStep(ctx, action, target)
+ACTIONS: dict[str, ActionKind[Any]] = {
+    k.name: k for k in (threads.KIND, cpuset.KIND, mempolicy.KIND, irq.KIND, migrate.KIND)
+}
 
 
-__all__ = ["ActionError", "ActionSkipError", "Applied", "Overlay", "Prepared", "RunContext", "Step", "make_step"]
+def make_step(ctx: RunContext, action: planpb.PlanAction, target: object) -> Step:
+    """The step for a validated action and the target its kind's check returned."""
+    kind = action.WhichOneof("action")
+    assert kind is not None  # validation rejects an action without one
+    return ACTIONS[kind].step(ctx, action, target)
+
+
+__all__ = ["ACTIONS", "ActionError", "ActionKind", "ActionSkipError", "Applied", "Overlay", "Prepared",
+           "RunContext", "Step", "make_step"]

@@ -1,6 +1,7 @@
-"""What every action kind shares: read the current state and the diff (``prepare``), then change and
-verify (``apply``). Restoring is not here: a step only *describes* its undo (apply/undo.py), so a
-crashed run's journal is restored without the step that wrote it."""
+"""What every action kind shares: its check of a plan's action against the host (``ActionKind``), then
+read the current state and the diff (``prepare``), then change and verify (``apply``). Restoring is
+not here: a step only *describes* its undo (apply/undo.py), so a crashed run's journal is restored
+without the step that wrote it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from memtopo.apply import irqbalance, irqs
+from memtopo.apply.checks import CheckContext
 from memtopo.apply.config import ApplyConfig
 from memtopo.apply.errors import ApplyError
 from memtopo.apply.host import Host
@@ -105,6 +107,17 @@ class Step(ABC):
     def predict(self, overlay: Overlay) -> None:  # noqa: B027 - most steps set nothing groupable
         """Record in ``overlay`` what a successful apply leaves. Only later steps of the same
         ``kind`` read these entries: the engine skips the call when none follows in the group."""
+
+
+@dataclass(frozen=True)
+class ActionKind[T]:
+    """One kind of plan action, named by its PlanAction oneof. ``check`` turns the plan's action
+    into the target apply works on, resolved against the host (None: it rejected or skipped the
+    action through the context, which says why); ``step`` makes the step that applies a target."""
+
+    name: str
+    check: Callable[[planpb.PlanAction, CheckContext], T | None]
+    step: Callable[[RunContext, planpb.PlanAction, T], Step]
 
 
 def ids(values: Iterable[int]) -> str:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-from memtopo.apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.actions.base import ActionError, ActionKind, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.cgroups import Hierarchy
+from memtopo.apply.checks import CheckContext, ProcRef
 from memtopo.apply.errors import HostWriteError
+from memtopo.apply.host import Ids
 from memtopo.apply.undo import AttachUndo, FileUndo, MkdirUndo, UndoOp
-from memtopo.apply.validate import CpusetTarget, ProcRef
 from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
 from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
@@ -29,6 +31,75 @@ _HINTS = {
     errno.EPERM: "not permitted",
     errno.EROFS: "the cgroup filesystem is read-only",
 }
+
+
+PARTITION_VALUES = ("", "member", "root", "isolated")
+
+
+@dataclass(frozen=True)
+class CpusetTarget:
+    hierarchy: Hierarchy
+    path: str
+    exists: bool
+    create: bool
+    cpus: Ids | None
+    mems: Ids | None
+    attach: tuple[ProcRef, ...] = ()
+    partition: str = ""
+
+
+def check(action: planpb.PlanAction, ctx: CheckContext) -> CpusetTarget | None:
+    aid, cs = action.id, action.cpuset
+    target = cs.WhichOneof("target")
+    if target is None:
+        ctx.reject(aid, "cpuset: no target (cgroup_path or pid_cgroup)")
+        return None
+    cpus = ctx.cpus(aid, cs.cpus) if cs.cpus else None
+    mems = ctx.nodes(aid, cs.mems, "mems") if cs.mems else None
+    if (cs.cpus and cpus is None) or (cs.mems and mems is None):
+        return None
+    if cs.partition not in PARTITION_VALUES:
+        ctx.reject(aid, f"partition {cs.partition[:40]!r} is not one of member, root, isolated")
+        return None
+    if len(cs.attach_pids) > ctx.config.max_attach_pids:
+        ctx.reject(aid, f"attach_pids: {len(cs.attach_pids)} entries, more than {ctx.config.max_attach_pids}")
+        return None
+    if len(set(cs.attach_pids)) != len(cs.attach_pids):
+        ctx.reject(aid, "attach_pids: pids repeat")
+        return None
+    if target == "pid_cgroup" and cs.create:
+        ctx.reject(aid, "create applies to cgroup_path only (a process's cgroup exists)")
+        return None
+    if cpus is None and mems is None and not cs.partition and not cs.attach_pids and not cs.create:
+        ctx.reject(aid, "cpuset: nothing to change (no cpus, mems, partition or attach_pids)")
+        return None
+    attach: list[ProcRef] = []
+    for pid in cs.attach_pids:
+        ref = ctx.proc(action, pid, "attach_pids")
+        if ref is None:
+            return None
+        attach.append(ref)
+    hier = ctx.hierarchy
+    if isinstance(hier, str):
+        ctx.host_problem(action, f"no cpuset hierarchy: {hier}")
+        return None
+    if cs.partition and hier.version != 2:
+        ctx.reject(aid, f"partition needs cgroup v2 (this host has {hier.describe()})")
+        return None
+    if target == "cgroup_path":
+        path = ctx.cgroup_path(action, hier, cs.cgroup_path)
+    else:
+        proc = ctx.proc(action, cs.pid_cgroup, "pid_cgroup")
+        path = ctx.proc_cgroup(action, hier, proc) if proc is not None else None
+        if path is not None:
+            path = ctx.cgroup_path(action, hier, path)
+    if path is None:
+        return None
+    exists = ctx.host.files.is_dir(hier.dir(path))
+    if not exists and not cs.create:
+        ctx.host_problem(action, f"cgroup {path!r} does not exist in {hier.describe()} (set create)")
+        return None
+    return CpusetTarget(hier, path, exists, cs.create and not exists, cpus, mems, tuple(attach), cs.partition)
 
 
 @dataclass(frozen=True)
@@ -203,3 +274,6 @@ class CpusetStep(Step):
                 details["memory_migrate"] = ("0: pages already placed stay where they are (v1); "
                                              "a page_migration moves them")
 
+
+
+KIND = ActionKind("cpuset", check, CpusetStep)

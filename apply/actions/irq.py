@@ -10,16 +10,101 @@ whose every IRQ is managed is skipped with that reason.
 from __future__ import annotations
 
 import errno
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from memtopo.apply import irqbalance, irqs
-from memtopo.apply.actions.base import ActionError, ActionSkipError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.actions.base import (
+    ActionError,
+    ActionKind,
+    ActionSkipError,
+    Applied,
+    Overlay,
+    Prepared,
+    RunContext,
+    Step,
+    ids,
+)
+from memtopo.apply.checks import CheckContext
 from memtopo.apply.errors import HostWriteError, errno_name
-from memtopo.apply.host import cpulist, cpulist_text
+from memtopo.apply.host import Ids, cpulist, cpulist_text
 from memtopo.apply.undo import BanUndo, FileUndo, ServiceUndo, UndoOp
-from memtopo.apply.validate import IrqTarget
 from memtopo.cpulist import CpuListError
 from memtopo.hostfs import HostReadError
+from memtopo.pci import parse_bdf
 from memtopo.v1 import plan_pb2 as planpb
+
+
+@dataclass(frozen=True)
+class IrqTarget:
+    irqs: tuple[int, ...]
+    selector: str
+    cpus: Ids
+    names: Mapping[int, str] = field(default_factory=dict)
+
+
+def check(action: planpb.PlanAction, ctx: CheckContext) -> IrqTarget | None:
+    aid, ia = action.id, action.irq_affinity
+    sel = ia.WhichOneof("selector")
+    cpus = ctx.cpus(aid, ia.cpus)
+    if sel is None:
+        ctx.reject(aid, "irq_affinity: no selector (irq, pci_bdf or name_pattern)")
+        return None
+    files = ctx.host.files
+    names: dict[int, str] = {}
+    if sel == "irq":
+        if ia.irq >= irqs.MAX_IRQ:
+            ctx.reject(aid, f"irq: {ia.irq} is not an IRQ number")
+            return None
+        if cpus is None:
+            return None
+        # Its affinity file writable proves the IRQ exists: one system call in the common case.
+        if files.writable_by_us(irqs.affinity_file(ia.irq)):
+            return IrqTarget((ia.irq,), f"IRQ {ia.irq}", cpus, names)
+        if not irqs.exists(files, ia.irq):
+            ctx.host_problem(action, f"IRQ {ia.irq} does not exist (no /proc/irq/{ia.irq})")
+            return None
+        found, selector = [ia.irq], f"IRQ {ia.irq}"
+    elif sel == "pci_bdf":
+        bdf = ia.pci_bdf.strip().lower()
+        if len(bdf) > 32 or parse_bdf(bdf) is None:
+            ctx.reject(aid, f"pci_bdf: {ia.pci_bdf[:40]!r} is not a PCI address (DDDD:BB:DD.F)")
+            return None
+        if cpus is None:
+            return None
+        if not files.is_dir(f"sys/bus/pci/devices/{bdf}"):
+            ctx.host_problem(action, f"PCI device {bdf} does not exist")
+            return None
+        found = list(irqs.msi_irqs(files, bdf))
+        if not found:
+            intx = irqs.intx_irq(files, bdf)
+            hint = f" (it uses INTx IRQ {intx}, possibly shared: target it by number)" if intx else ""
+            ctx.host_problem(action, f"PCI device {bdf} has no MSI/MSI-X vectors{hint}")
+            return None
+        selector = f"PCI {bdf} msi_irqs"
+    else:
+        pattern = ctx.regex(aid, ia.name_pattern, "name_pattern")
+        if pattern is None or cpus is None:
+            return None
+        interrupts = ctx.interrupts()
+        found = []
+        for irq in sorted(set(interrupts) | set(irqs.listed(files))):
+            label = irqs.action_names(files, irq, interrupts.get(irq))
+            if label and pattern.search(label):
+                found.append(irq)
+                names[irq] = label
+        if not found:
+            ctx.host_problem(action, f"no IRQ in /proc/interrupts matches {pattern.pattern!r}")
+            return None
+        selector = f"IRQs named {pattern.pattern!r}"
+    if cpus is None:
+        return None
+    for irq in found:
+        if not files.writable_by_us(irqs.affinity_file(irq)):
+            ctx.host_problem(action, f"/{irqs.affinity_file(irq)} is not writable (read-only /proc, or not "
+                                     "privileged: a container needs --privileged)")
+            return None
+    return IrqTarget(tuple(found), selector, cpus, names)
 
 _UNMOVABLE = (errno.EIO, errno.EPERM)
 
@@ -176,3 +261,6 @@ class IrqStep(Step):
     def predict(self, overlay: Overlay) -> None:
         for irq in self._changed:
             overlay[("irq", irq)] = frozenset(self.target.cpus)
+
+
+KIND = ActionKind("irq_affinity", check, IrqStep)

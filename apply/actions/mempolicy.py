@@ -8,11 +8,89 @@ so (``method``). New processes get a real mempolicy through ``memtopo exec`` (ap
 
 from __future__ import annotations
 
-from memtopo.apply.actions.base import Applied, Overlay, Prepared, RunContext, Step, ids
-from memtopo.apply.actions.cpuset import CpusetStep
-from memtopo.apply.actions.migrate import MigrationStep
-from memtopo.apply.validate import MemPolicyTarget
+from dataclasses import dataclass
+
+from memtopo.apply import cgroups
+from memtopo.apply.actions.base import ActionKind, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.actions.cpuset import CpusetStep, CpusetTarget
+from memtopo.apply.actions.migrate import MigrationStep, MigrationTarget
+from memtopo.apply.cgroups import Hierarchy
+from memtopo.apply.checks import CheckContext, ProcRef, fmt_ids
+from memtopo.apply.host import Ids
+from memtopo.hostfs import HostReadError
 from memtopo.v1 import plan_pb2 as planpb
+
+Mode = planpb.MemoryPolicy.Mode
+
+
+@dataclass(frozen=True)
+class MemPolicyTarget:
+    proc: ProcRef
+    nodes: Ids
+    cpuset: CpusetTarget
+    migration: MigrationTarget | None
+
+
+def check(action: planpb.PlanAction, ctx: CheckContext) -> MemPolicyTarget | None:
+    aid, mp = action.id, action.memory_policy
+    if mp.mode == planpb.MemoryPolicy.MODE_UNSPECIFIED:
+        ctx.reject(aid, "memory_policy: mode is unset")
+        return None
+    if mp.mode != planpb.MemoryPolicy.MODE_BIND:
+        name = planpb.MemoryPolicy.Mode.Name(mp.mode) if mp.mode in Mode.values() else str(mp.mode)
+        ctx.reject(aid, f"memory_policy: {name} cannot be imposed on a running process (only MODE_BIND, "
+                        "through its cpuset mems); start the process with `memtopo exec` instead")
+        return None
+    nodes = ctx.nodes(aid, mp.nodes, "nodes")
+    proc = ctx.proc(action, mp.pid)
+    if nodes is None or proc is None:
+        return None
+    unified = set(nodes) & ctx.facts.unified_nodes
+    if unified and not mp.apply_on_unified:
+        # On unified memory the policy has little effect: skipped unless asked for.
+        ctx.skip(aid, f"node(s) {fmt_ids(unified)} belong to a Unified memory domain: memory policy skipped "
+                      "(set apply_on_unified to apply it)")
+        return None
+    hier = ctx.hierarchy
+    if isinstance(hier, str):
+        ctx.host_problem(action, f"no cpuset hierarchy: {hier}")
+        return None
+    current = ctx.proc_cgroup(action, hier, proc)
+    if current is None:
+        return None
+    if cgroups.path_problem(current, ctx.config.cgroup_prefixes) is None:
+        cpuset = CpusetTarget(hier, current, True, False, None, nodes)
+    elif hier.version == 1:
+        managed = f"{cgroups.normalize(ctx.config.managed_cgroup)}/pid-{proc.pid}"
+        if ctx.cgroup_path(action, hier, managed) is None:
+            return None
+        cpus = _effective(ctx, hier, current)
+        if cpus is None:
+            ctx.host_problem(action, f"pid {proc.pid}: cannot read the CPUs of its cpuset {current!r}")
+            return None
+        exists = ctx.host.files.is_dir(hier.dir(managed))
+        cpuset = CpusetTarget(hier, managed, exists, not exists, cpus, nodes, (proc,))
+    else:
+        ctx.host_problem(action, f"pid {proc.pid} is in cgroup /{current} outside the configured prefixes; on "
+                                 "cgroup v2 moving it would move every controller: place it with a cpuset "
+                                 "action first")
+        return None
+    migration = None
+    if mp.migrate_existing:
+        away = tuple(sorted(ctx.facts.memory_nodes - set(nodes)))
+        migration = MigrationTarget(proc, away, nodes) if away else None
+    return MemPolicyTarget(proc, nodes, cpuset, migration)
+
+
+def _effective(ctx: CheckContext, hier: Hierarchy, path: str) -> Ids | None:
+    for name in (hier.effective_cpus_file, hier.cpus_file):
+        try:
+            ids = ctx.host.files.read_ids(hier.file(path, name))
+        except HostReadError:
+            continue
+        if ids:
+            return ids
+    return None
 
 
 class MemPolicyStep(Step):
@@ -58,3 +136,6 @@ class MemPolicyStep(Step):
             details.update(done.details)
             changed = changed or not done.unchanged
         return Applied(after, details, unchanged=not changed)
+
+
+KIND = ActionKind("memory_policy", check, MemPolicyStep)

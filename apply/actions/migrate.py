@@ -10,12 +10,33 @@ when nothing lies on the source nodes); the action is UNCHANGED when nothing was
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 
-from memtopo.apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.actions.base import ActionError, ActionKind, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.checks import CheckContext, ProcRef
 from memtopo.apply.errors import KernelCallError
+from memtopo.apply.host import Ids
 from memtopo.apply.undo import MigrateUndo, UndoOp
-from memtopo.apply.validate import MigrationTarget
 from memtopo.v1 import plan_pb2 as planpb
+
+
+@dataclass(frozen=True)
+class MigrationTarget:
+    proc: ProcRef
+    from_nodes: Ids
+    to_nodes: Ids
+
+
+def check(action: planpb.PlanAction, ctx: CheckContext) -> MigrationTarget | None:
+    aid, pm = action.id, action.page_migration
+    from_nodes = ctx.nodes(aid, pm.from_nodes, "from_nodes", need_memory=False)
+    to_nodes = ctx.nodes(aid, pm.to_nodes, "to_nodes")
+    if from_nodes is None or to_nodes is None:
+        return None
+    proc = ctx.proc(action, pm.pid)
+    if proc is None:
+        return None
+    return MigrationTarget(proc, from_nodes, to_nodes)
 
 
 def pages_text(pages: dict[int, int]) -> str:
@@ -69,3 +90,6 @@ class MigrationStep(Step):
         details["pages_left_on_source"] = str(remaining)
         after = [f"{t.proc.describe()} pages per node: {pages_text(after_pages)}"]
         return Applied(after, details, unchanged=not prepared.changes)
+
+
+KIND = ActionKind("page_migration", check, MigrationStep)

@@ -11,12 +11,78 @@ from __future__ import annotations
 
 import errno
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from memtopo.apply.actions.base import ActionError, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.actions.base import ActionError, ActionKind, Applied, Overlay, Prepared, RunContext, Step, ids
+from memtopo.apply.checks import CheckContext, ProcRef, fmt_ids
 from memtopo.apply.errors import errno_name
 from memtopo.apply.undo import AffinityUndo
-from memtopo.apply.validate import ThreadTarget
 from memtopo.v1 import plan_pb2 as planpb
+
+
+@dataclass(frozen=True)
+class ThreadTarget:
+    proc: ProcRef
+    tids: tuple[int, ...]
+    selector: str
+    cpus: frozenset[int]
+    # Thread names, when the selection read them (name_pattern).
+    names: Mapping[int, str] = field(default_factory=dict)
+
+
+def check(action: planpb.PlanAction, ctx: CheckContext) -> ThreadTarget | None:
+    aid = action.id
+    ta = action.thread_affinity
+    cpus = ctx.cpus(aid, ta.cpus)
+    sel = ta.threads.WhichOneof("selector") if ta.HasField("threads") else None
+    if sel is None:
+        ctx.reject(aid, "threads: no selector (all, tids, name_pattern or main_thread)")
+        return None
+    if (sel == "all" and not ta.threads.all) or (sel == "main_thread" and not ta.threads.main_thread):
+        ctx.reject(aid, f"threads.{sel} is false: it selects nothing")
+        return None
+    if sel == "tids" and len(ta.threads.tids.tids) > ctx.config.max_tids:
+        ctx.reject(aid, f"threads.tids: {len(ta.threads.tids.tids)} entries, more than {ctx.config.max_tids}")
+        return None
+    pattern = ctx.regex(aid, ta.threads.name_pattern, "threads.name_pattern") if sel == "name_pattern" else None
+    if sel == "name_pattern" and pattern is None:
+        return None
+    proc = ctx.proc(action, ta.pid)
+    if proc is None or cpus is None:
+        return None
+    names: dict[int, str] = {}
+    if sel == "main_thread":
+        tids: list[int] = [proc.pid]
+        selector = "main thread"
+    else:
+        live = ctx.procs.tids(proc.pid)
+        if sel == "all":
+            tids, selector = sorted(live), "all threads"
+        elif sel == "tids":
+            want = list(ta.threads.tids.tids)
+            if not want:
+                ctx.reject(aid, "threads.tids: empty list")
+                return None
+            if len(set(want)) != len(want):
+                ctx.reject(aid, "threads.tids: tids repeat")
+                return None
+            missing = set(want) - set(live)
+            if missing:
+                ctx.host_problem(action, f"threads.tids: {fmt_ids(missing)} not thread(s) of pid {proc.pid}")
+                return None
+            tids, selector = sorted(want), f"tids {fmt_ids(want)}"
+        else:
+            assert pattern is not None
+            for tid in sorted(live):
+                comm = ctx.procs.comm(proc.pid, tid)
+                if comm is not None and pattern.fullmatch(comm):
+                    names[tid] = comm
+            tids, selector = sorted(names), f"threads named {pattern.pattern!r}"
+    if not tids:
+        ctx.host_problem(action, f"no thread of pid {proc.pid} matches ({selector})")
+        return None
+    return ThreadTarget(proc, tuple(tids), selector, frozenset(cpus), names)
 
 
 class ThreadStep(Step):
@@ -135,3 +201,6 @@ class ThreadStep(Step):
     def predict(self, overlay: Overlay) -> None:
         for tid in self._changed:
             overlay[("tid", tid)] = self.target.cpus
+
+
+KIND = ActionKind("thread_affinity", check, ThreadStep)
