@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +49,8 @@ log = get_logger(component="agent")
 UDEV_SUBSYSTEMS = ("pci", "cxl", "memory", "cpu", "dax", "node")
 # The loop ticks at least this often even without a systemd watchdog, for /healthz.
 TICK_SECONDS = 5.0
+# A stop (SIGTERM) ends the process within this many seconds, below the unit's TimeoutStopSec=30.
+STOP_DEADLINE_SECONDS = 20.0
 VERSION = "0.1.0"
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -77,6 +82,12 @@ class Agent:
         self.health_server: HealthServer | None = None
         self.socket_path = config.listen.socket
         self.tcp_port: int | None = None
+        # Read by the health thread: plain attributes, each assignment atomic.
+        self.discovery_started: float | None = None
+        self.discovery_overdue = False
+        # `memtopo serve` sets it: a stop that overruns STOP_DEADLINE_SECONDS ends the process.
+        self.exit_on_stop_overrun = False
+        self._overrun_timer: threading.Timer | None = None
 
     # ---- HealthSource (read from the HTTP threads) -------------------------------------------------
     def alive(self) -> tuple[bool, str]:
@@ -89,7 +100,12 @@ class Agent:
             "servers": "listening" if r.listening else "starting",
             "controller_link": self.link.link_state.value if self.link else "not configured",
         }
-        return r.discovered and r.listening, checks
+        started, overdue = self.discovery_started, self.discovery_overdue
+        if overdue and started is not None:
+            # Unready: what is served may no longer be the host. The loop itself is fine (/healthz).
+            checks["discovery"] += (f"; stale: a rescan has run {time.monotonic() - started:.0f}s, over "
+                                    f"discovery.deadline_seconds ({self.config.discovery.deadline_seconds:g}s)")
+        return r.discovered and r.listening and not overdue, checks
 
     # ---- triggers -----------------------------------------------------------------------------------
     def request_rescan(self, reason: str) -> None:
@@ -98,6 +114,25 @@ class Agent:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._arm_stop_deadline()
+
+    def _arm_stop_deadline(self) -> None:
+        """After a stop begins, the process ends within STOP_DEADLINE_SECONDS whatever still runs
+        (a thread stuck in a probe or a tool): systemd's TimeoutStopSec would otherwise SIGKILL it,
+        and a process that never exits is never restarted."""
+        if not self.exit_on_stop_overrun or self._overrun_timer is not None:
+            return
+
+        def overrun() -> None:
+            log.error("agent_stop_overrun", seconds=STOP_DEADLINE_SECONDS,
+                      threads=sorted(t.name for t in threading.enumerate() if t is not threading.current_thread()))
+            logging.shutdown()
+            os._exit(EXIT_FAILURE)
+
+        self._overrun_timer = threading.Timer(STOP_DEADLINE_SECONDS, overrun)
+        self._overrun_timer.name = "memtopo-stop-deadline"
+        self._overrun_timer.daemon = True
+        self._overrun_timer.start()
 
     # ---- discovery ----------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -117,10 +152,69 @@ class Agent:
             topo.fingerprint = fingerprint(topo)
         return topo
 
+    def _start_discovery(self, ctx: ProbeContext) -> asyncio.Future[pb.MemoryTopology]:
+        """One discovery on its own daemon thread. Not the loop's executor: a probe stuck in the
+        kernel (a hung NFS mount, a wedged driver) would keep the process alive at exit, because
+        executor threads are joined then; a daemon thread is left behind."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[pb.MemoryTopology] = loop.create_future()
+
+        def settle(value: pb.MemoryTopology | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)  # type: ignore[arg-type]
+
+        def work() -> None:
+            try:
+                topo, exc = self._discover(ctx), None
+            except BaseException as e:  # delivered to the loop, which decides
+                topo, exc = None, e
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the agent has stopped
+                loop.call_soon_threadsafe(settle, topo, exc)
+
+        threading.Thread(target=work, name="memtopo-discovery", daemon=True).start()
+        return fut
+
+    async def _await_discovery(self, fut: asyncio.Future[pb.MemoryTopology], reasons: str) -> bool:
+        """Wait for ``fut`` until it is done (True) or a stop is requested (False). Past the
+        deadline it is reported as overdue: the topology being served may be stale."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({fut, stop}, timeout=self.config.discovery.deadline_seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if fut.done() or self._stop.is_set():
+                return fut.done()
+            self.discovery_overdue = True
+            self.metrics.discovery_overdue.set(1)
+            self.metrics.discoveries_overdue.inc()
+            log.error("discovery_overdue", trigger=reasons, deadline_seconds=self.config.discovery.deadline_seconds,
+                      generation=self.state.generation)
+            self.notifier.status(f"discovery overdue; serving generation {self.state.generation}")
+            await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
+            return fut.done()
+        finally:
+            stop.cancel()
+
     async def _discover_and_publish(self, ctx: ProbeContext, reasons: str) -> None:
         started = time.perf_counter()
+        self.discovery_started = time.monotonic()
+        fut = self._start_discovery(ctx)
         try:
-            topo = await asyncio.to_thread(self._discover, ctx)
+            if not await self._await_discovery(fut, reasons):
+                return  # stopping: the thread is left to the process's exit
+        finally:
+            if self.discovery_overdue and fut.done():
+                log.warning("discovery_finished_late", trigger=reasons,
+                            seconds=round(time.perf_counter() - started, 3))
+            if fut.done():
+                self.discovery_started = None
+                self.discovery_overdue = False
+                self.metrics.discovery_overdue.set(0)
+        try:
+            topo = fut.result()
         except Exception as exc:  # a probe bug must not kill the agent: keep serving the last topology
             self.metrics.observe_discovery(time.perf_counter() - started, "error")
             log.error("discovery_failed", error=repr(exc), trigger=reasons)
@@ -246,6 +340,13 @@ class Agent:
             if self.config.discovery.udev and self.config.root in ("", "/"):
                 monitor = self._start_udev()
             await self._discover_and_publish(ctx, "start")
+            if self._stop.is_set():  # stopped during the first discovery: nothing was started
+                if monitor is not None:
+                    asyncio.get_running_loop().remove_reader(monitor.fileno())
+                if self.health_server is not None:
+                    self.health_server.stop()
+                log.info("agent_stopped", generation=self.state.generation)
+                return EXIT_OK
             self._ready.discovered = self.state.current is not None
             server, front = await self._start_grpc(plans)
             self.server = server
@@ -315,6 +416,7 @@ class Agent:
     async def _shutdown(self, server: grpc.aio.Server, front: transport.Front, plans: PlanRunner,
                         tasks: list[asyncio.Task[Any]], monitor: Any) -> None:
         log.info("agent_stopping", generation=self.state.generation)
+        self._arm_stop_deadline()
         self.notifier.stopping()
         if monitor is not None:
             asyncio.get_running_loop().remove_reader(monitor.fileno())

@@ -71,9 +71,11 @@ def add_commands(subparsers: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .config import EXIT_CONFIG, ConfigError, load_config
+    from .config import EXIT_CONFIG, ConfigError, check_host, load_config
     from .daemon import Agent
+    from .health import HealthListenError
     from .logs import configure_logging
+    from .transport import SocketInUseError, ensure_socket_free
 
     try:
         config = load_config(Path(args.config) if args.config else None)
@@ -85,13 +87,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, listen=dataclasses.replace(config.listen, socket=args.socket))
         if args.health is not None:
             config = dataclasses.replace(config, health=dataclasses.replace(config.health, listen=args.health))
+        check_host(config)
     except ConfigError as exc:
         print(f"memtopo: {exc}", file=sys.stderr)
         return EXIT_CONFIG  # the unit's RestartPreventExitStatus: a bad config is not retried
-    configure_logging(config.log.level, config.log.format)
     try:
-        return asyncio.run(Agent(config, embedded_controller=args.with_controller).run())
-    except TransportError as exc:  # socket in use, unreadable certificate, unknown group
+        # Before anything listens: a second agent is told so, not that the health port is taken.
+        for path in (config.listen.socket, config.listen.read_socket):
+            if path:
+                ensure_socket_free(path)
+    except SocketInUseError as exc:
+        print(f"memtopo: {exc}", file=sys.stderr)
+        return EXIT_FAILED  # not a config error: it works once the other agent stops
+    configure_logging(config.log.level, config.log.format)
+    agent = Agent(config, embedded_controller=args.with_controller)
+    agent.exit_on_stop_overrun = True
+    try:
+        return asyncio.run(agent.run())
+    except HealthListenError as exc:  # port in use or not bindable: the key names what to change
+        print(f"memtopo: {ConfigError('health.listen', str(exc), config.source)}", file=sys.stderr)
+        return EXIT_CONFIG
+    except TransportError as exc:  # socket in use, unreadable certificate
         print(f"memtopo: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

@@ -569,6 +569,22 @@ def _lock(path: str) -> int:
     return fd
 
 
+def ensure_socket_free(path: str) -> None:
+    """Raise :class:`SocketInUseError` when a live agent holds the lock of the socket at ``path``.
+    A check before start-up, for a clear message; the lock taken when listening is what guards."""
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return  # no lock file (or unreadable): listening will tell
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise SocketInUseError(f"{path}: another memtopo agent is running on this socket "
+                               f"(it holds {path}.lock); stop it first") from None
+    finally:
+        os.close(fd)
+
+
 def _remove_stale_socket(path: str) -> None:
     try:
         st = os.lstat(path)
