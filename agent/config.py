@@ -556,7 +556,7 @@ def _check_readable(cfg: AgentConfig) -> None:
             raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}", cfg.source) from None
 
 
-class _NotRegular(Exception):
+class _NotRegularError(Exception):
     """What the path is instead of a regular file."""
 
 
@@ -569,7 +569,7 @@ def _read_regular(path: Path, limit: int) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
                      stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
-            raise _NotRegular(kinds.get(stat.S_IFMT(st.st_mode), "not a file"))
+            raise _NotRegularError(kinds.get(stat.S_IFMT(st.st_mode), "not a file"))
         chunks: list[bytes] = []
         size = 0
         while size < limit and (chunk := os.read(fd, min(1 << 16, limit - size))):
@@ -610,7 +610,7 @@ def load_config(path: Path | None) -> AgentConfig:
         raw = _read_regular(path, MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError("", f"cannot read: {exc.strerror or exc}", source) from None
-    except _NotRegular as exc:
+    except _NotRegularError as exc:
         raise ConfigError("", f"not a regular file ({exc}): not a config file", source) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError("", f"larger than {MAX_CONFIG_BYTES} bytes: not a config file", source)

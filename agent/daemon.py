@@ -182,8 +182,9 @@ class Agent:
         """Wait for ``fut`` until it is done (True) or a stop is requested (False). Past the
         deadline it is reported as overdue: the topology being served may be stale."""
         stop = asyncio.ensure_future(self._stop.wait())
+        waiting: set[asyncio.Future[Any]] = {fut, stop}
         try:
-            await asyncio.wait({fut, stop}, timeout=self.config.discovery.deadline_seconds,
+            await asyncio.wait(waiting, timeout=self.config.discovery.deadline_seconds,
                                return_when=asyncio.FIRST_COMPLETED)
             if fut.done() or self._stop.is_set():
                 return fut.done()
@@ -193,7 +194,7 @@ class Agent:
             log.error("discovery_overdue", trigger=reasons, deadline_seconds=self.config.discovery.deadline_seconds,
                       generation=self.state.generation)
             self.notifier.status(f"discovery overdue; serving generation {self.state.generation}")
-            await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             return fut.done()
         finally:
             stop.cancel()

@@ -114,7 +114,7 @@ class _Exchange:
         self.keep_alive = keep_alive
 
 
-class _BadRequest(Exception):
+class _BadRequestError(Exception):
     def __init__(self, status: HTTPStatus, reason: str) -> None:
         super().__init__(reason)
         self.status = status
@@ -129,14 +129,14 @@ async def _read_head(reader: asyncio.StreamReader) -> _Exchange | None:
         try:
             line = await reader.readline()
         except ValueError:  # a line past the reader's limit
-            raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large") from None
+            raise _BadRequestError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large") from None
         if not line:
             if lines or size:
-                raise _BadRequest(HTTPStatus.BAD_REQUEST, "connection closed inside the request head")
+                raise _BadRequestError(HTTPStatus.BAD_REQUEST, "connection closed inside the request head")
             return None
         size += len(line)
         if size > MAX_HEAD_BYTES or len(lines) > MAX_HEADER_LINES:
-            raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large")
+            raise _BadRequestError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large")
         if line in (b"\r\n", b"\n"):
             if not lines:
                 continue  # RFC 9112 2.2: ignore empty lines before the request line
@@ -145,7 +145,7 @@ async def _read_head(reader: asyncio.StreamReader) -> _Exchange | None:
     request_line = lines[0].decode("latin-1").strip()
     parts = request_line.split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise _BadRequest(HTTPStatus.BAD_REQUEST, "not an HTTP/1.x request line")
+        raise _BadRequestError(HTTPStatus.BAD_REQUEST, "not an HTTP/1.x request line")
     method, target, version = parts
     headers: dict[str, str] = {}
     for raw in lines[1:]:
@@ -208,7 +208,7 @@ class HealthServer:
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._serve())
-        except BaseException as exc:  # noqa: BLE001 - reported to the starter, or logged
+        except BaseException as exc:  # reported to the starter, or logged
             if not self._started.is_set():
                 self._error = exc
                 self._started.set()
@@ -246,7 +246,7 @@ class HealthServer:
                 try:
                     async with asyncio.timeout(self._idle):
                         exchange = await _read_head(reader)
-                except _BadRequest as exc:
+                except _BadRequestError as exc:
                     writer.write(_response(exc.status, _json({"status": "error", "error": str(exc)}), _JSON,
                                            head=False, keep_alive=False))
                     async with asyncio.timeout(self._idle):

@@ -18,6 +18,7 @@ import shutil
 import socket
 import stat
 import struct
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
@@ -103,14 +104,17 @@ class Running:
 @contextlib.asynccontextmanager
 async def serving(sock_path: str | None, *, mode: int = 0o660, group: str | None = None,
                   allowed_group: str | None = None, tcp: Any = None, native: Mapping[str, Any] | None = None,
-                  max_connections: int = transport.DEFAULT_MAX_CONNECTIONS) -> AsyncIterator[Running]:
+                  max_connections: int = transport.DEFAULT_MAX_CONNECTIONS,
+                  limits: transport.ConnectionLimits | None = None,
+                  observer: transport.ConnectionObserver | None = None) -> AsyncIterator[Running]:
     probe = Probe(allowed_group)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((probe.handler(),))
     if sock_path is not None:
-        front = transport.prepare_local(server, sock_path, mode, group, max_connections=max_connections)
+        front = transport.prepare_local(server, sock_path, mode, group, max_connections=max_connections,
+                                        limits=limits, observer=observer)
     else:
-        front = transport.Front(server, max_connections=max_connections)
+        front = transport.Front(server, max_connections=max_connections, limits=limits, observer=observer)
     if tcp is not None:
         front.listen_tcp("127.0.0.1:0", tcp)
     ports = {}
@@ -623,22 +627,143 @@ def test_relay_is_byte_exact_under_backpressure_both_ways(sockdir: str) -> None:
     asyncio.run(main())
 
 
+HOLD = r"""
+import json, os, socket, sys, time
+a = json.loads(sys.argv[1])
+os.setgroups(a["groups"]); os.setgid(a["gid"]); os.setuid(a["uid"])
+socks = []
+for _ in range(a["count"]):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(a["path"])
+    socks.append(s)
+
+def is_open(s):
+    # grpc speaks first (its SETTINGS frame): read what is there; the end of the stream = closed.
+    s.setblocking(False)
+    try:
+        while s.recv(65536):
+            pass
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+def still_open():
+    return sum(1 for s in socks if is_open(s))
+
+for wait in a["checks"]:
+    time.sleep(wait)
+    print(json.dumps(still_open()), flush=True)
+sys.stdin.read()  # hold them until told to go
+"""
+
+
+class Holder:
+    """A process of another user holding ``count`` raw connections to a Unix socket (a local user
+    trying to lock others out). ``counts`` are how many the server left open at each check."""
+
+    def __init__(self, path: str, count: int, *, uid: int = NOBODY, gid: int = NOBODY, groups: Iterable[int] = (),
+                 checks: Iterable[float] = (1.0,)) -> None:
+        self.checks = list(checks)
+        args = {"path": path, "count": count, "uid": uid, "gid": gid, "groups": list(groups), "checks": self.checks}
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, json.dumps(args)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    async def counts(self) -> list[int]:
+        return await asyncio.to_thread(self._read)
+
+    def _read(self) -> list[int]:
+        assert self.proc.stdout is not None
+        out = []
+        for _ in self.checks:
+            line = self.proc.stdout.readline()
+            assert line, self.proc.stderr.read() if self.proc.stderr else ""
+            out.append(int(line))
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def test_connection_limit(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
-
-    own = OWN_CONNECTION
+    limits = transport.ConnectionLimits(max_connections=1)
 
     async def main() -> None:
-        async with serving(path, max_connections=1) as running:
-            async with grpc.aio.insecure_channel(f"unix:{path}", options=own) as first:
-                assert await ok(first, "Read") == PAYLOAD
-                async with grpc.aio.insecure_channel(f"unix:{path}", options=own) as second:
-                    code, _ = await refused(second, "Read")
-                    assert code == "UNAVAILABLE"
-                assert await ok(first, "Read") == PAYLOAD  # the first is untouched
+        async with serving(path, mode=0o666, limits=limits) as running:
+            other = Holder(path, 3)
+            try:
+                assert await other.counts() == [1]  # the cap, for everyone but root
+                async with grpc.aio.insecure_channel(f"unix:{path}", options=OWN_CONNECTION) as root:
+                    assert await ok(root, "Read") == PAYLOAD  # root is never refused by it
+            finally:
+                other.close()
             await _settle(lambda: running.front.connections == 0)
-            async with grpc.aio.insecure_channel(f"unix:{path}") as third:
-                assert await ok(third, "Read") == PAYLOAD  # a freed slot is reused
+            again = Holder(path, 1)
+            try:
+                assert await again.counts() == [1]  # a freed slot is reused
+            finally:
+                again.close()
+
+    asyncio.run(main())
+
+
+def test_no_user_can_lock_root_or_the_socket_group_out(sockdir: str) -> None:
+    """Per-user caps and a reserve: nobody holding every connection it can get, and a second
+    unprivileged user, leave the socket group its reserved slots and root its calls."""
+    path = os.path.join(sockdir, "agent.sock")
+    group, gid = _other_group()
+    limits = transport.ConnectionLimits(max_connections=12, per_user=4, reserved=6)
+
+    async def main() -> None:
+        async with serving(path, mode=0o666, group=group, allowed_group=group, limits=limits) as running:
+            hogs = [Holder(path, 10), Holder(path, 10, uid=NOBODY - 1, gid=NOBODY - 1)]
+            try:
+                counts = [(await h.counts())[0] for h in hogs]
+                assert sorted(counts) == [2, 4]  # 4 per user, 12 - 6 = 6 for both together
+                member = Holder(path, 10, uid=NOBODY - 2, gid=NOBODY - 2, groups=[gid])
+                try:
+                    assert await member.counts() == [4]  # the group gets in: its own per-user cap
+                    async with grpc.aio.insecure_channel(f"unix:{path}", options=OWN_CONNECTION) as root:
+                        assert await ok(root, "Read") == PAYLOAD
+                        assert await ok(root, "Apply") == b"applied"
+                    member_apply = await as_user(path, uid=NOBODY - 3, gid=NOBODY - 3, groups=[gid],
+                                                 methods=("Apply",))
+                    assert member_apply["Apply"] == "applied"  # a second member: reserved slots left
+                finally:
+                    member.close()
+            finally:
+                for h in hogs:
+                    h.close()
+            await _settle(lambda: running.front.connections == 0)
+
+    asyncio.run(main())
+
+
+def test_idle_connections_are_closed(sockdir: str) -> None:
+    path = os.path.join(sockdir, "agent.sock")
+    seen: list[tuple[str, str]] = []
+    limits = transport.ConnectionLimits(idle_seconds=1.0)
+
+    async def main() -> None:
+        async with serving(path, mode=0o666, limits=limits, observer=lambda e, r: seen.append((e, r))) as running:
+            holder = Holder(path, 5, checks=(0.2, 4.0))
+            try:
+                assert await holder.counts() == [5, 0]
+            finally:
+                holder.close()
+            await _settle(lambda: running.front.connections == 0)
+            async with grpc.aio.insecure_channel(f"unix:{path}") as ch:
+                assert await ok(ch, "Read") == PAYLOAD  # a live client is served (and not cut mid-call)
+        assert seen.count(("idle_closed", "")) == 5
 
     asyncio.run(main())
 
