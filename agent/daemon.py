@@ -38,7 +38,7 @@ from . import transport
 from .config import AgentConfig
 from .health import HealthServer, LoopLiveness, start_health_server
 from .link import Backoff, ControllerLink, LinkState
-from .logs import get_logger
+from .logs import Throttle, get_logger
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
@@ -88,6 +88,7 @@ class Agent:
         # `memtopo serve` sets it: a stop that overruns STOP_DEADLINE_SECONDS ends the process.
         self.exit_on_stop_overrun = False
         self._overrun_timer: threading.Timer | None = None
+        self._throttle = Throttle()
 
     # ---- HealthSource (read from the HTTP threads) -------------------------------------------------
     def alive(self) -> tuple[bool, str]:
@@ -276,17 +277,26 @@ class Agent:
     async def _start_grpc(self, plans: PlanRunner) -> tuple[grpc.aio.Server, transport.Front]:
         cfg = self.config.listen
         service = NodeAgentService(self.state, plans,
-                                   lambda ctx: transport.authorize_apply(ctx, cfg.socket_group or None))
+                                   lambda ctx: transport.authorize_apply(ctx, cfg.socket_group or None),
+                                   max_watchers=cfg.max_watchers, stall_seconds=cfg.watch_stall_seconds,
+                                   events=self._service_event)
         server = grpc.aio.server(interceptors=[self.metrics.interceptor()], options=[
             ("grpc.max_send_message_length", 64 << 20), ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000)])
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            # Idle connections also on the read socket, which grpc serves without the front: a
+            # GOAWAY after listen.idle_seconds with no call in progress.
+            ("grpc.max_connection_idle_ms", int(cfg.idle_seconds * 1000))])
         server.add_generic_rpc_handlers((service.handler(),))
         self.health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None)
-                 if cfg.socket else transport.Front(server))
+        limits = transport.ConnectionLimits(max_connections=cfg.max_connections,
+                                            per_user=cfg.max_connections_per_user,
+                                            reserved=cfg.reserved_connections, idle_seconds=cfg.idle_seconds)
+        front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None,
+                                         limits=limits, observer=self._connection_event)
+                 if cfg.socket else transport.Front(server, limits=limits, observer=self._connection_event))
         if cfg.read_socket:
             # Readers skip the credential-recording relay there; ApplyPlan is refused on it.
             front.listen_direct(server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
@@ -299,6 +309,28 @@ class Agent:
         for name in ("", SERVICE_NAME):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         return server, front
+
+    def _connection_event(self, what: str, limit: str) -> None:
+        # From the front's relay thread: counters only (prometheus_client's are thread-safe).
+        if what == "refused":
+            self.metrics.connections_refused.labels(limit).inc()
+        elif what == "idle_closed":
+            self.metrics.connections_idle_closed.inc()
+
+    def _service_event(self, what: str, method: str, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
+        """Every occurrence counted; one log event per peer and kind per minute, with how many
+        were held back since the last one: garbage from one peer must not flood the journal."""
+        if what == "undecodable":
+            self.metrics.undecodable_requests.labels(f"/{SERVICE_NAME}/{method}").inc()
+        elif what == "watch_refused":
+            self.metrics.watchers_refused.inc()
+        elif what == "watch_stalled":
+            self.metrics.watchers_stalled.inc()
+        peer = transport.peer_label(context)
+        held_back = self._throttle.allow(f"{what}:{peer}")
+        if held_back is not None:
+            log.warning(f"grpc_{what}", method=method, peer=peer, held_back=held_back,
+                        interval_seconds=self._throttle.interval)
 
     def _start_link(self, plans: PlanRunner) -> ControllerLink | None:
         cfg = self.config.controller

@@ -228,6 +228,18 @@ def tls_peer(context: PeerContext) -> TlsPeer | None:
     return ident if isinstance(ident, TlsPeer) else None
 
 
+def peer_label(context: PeerContext) -> str:
+    """Who is calling, for logs: ``uid:N`` on the Unix socket, ``tcp:HOST`` through the TLS front,
+    else grpc's peer string without its port (per connection on the read socket: ``unix:``)."""
+    ident = _PEERS.get(context.peer())
+    if isinstance(ident, PeerCred):
+        return f"uid:{ident.uid}"
+    if isinstance(ident, TlsPeer):
+        return f"tcp:{ident.address.rpartition(':')[0]}"
+    peer = context.peer()
+    return peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+
+
 def authorize_apply(context: PeerContext, allowed_group: str | None) -> str | None:
     """None when the caller may change the host (ApplyPlan), else the reason it may not.
 

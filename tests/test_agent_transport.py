@@ -671,9 +671,9 @@ class Holder:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     async def counts(self) -> list[int]:
-        return await asyncio.to_thread(self._read)
+        return await asyncio.to_thread(self.read)
 
-    def _read(self) -> list[int]:
+    def read(self) -> list[int]:
         assert self.proc.stdout is not None
         out = []
         for _ in self.checks:
