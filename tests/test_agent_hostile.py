@@ -140,7 +140,7 @@ def test_a_hung_rescan_is_reported_and_sigterm_still_exits(workdir: Path, root: 
     try:
         assert agent.metric("memtopo_discovery_overdue") == 0
         agent.proc.send_signal(signal.SIGHUP)  # the rescan that never returns
-        status, body = wait_for(lambda: (r := agent.http("/readyz"))[0] == 503 and r, what="readyz 503")
+        _, body = wait_for(lambda: (r := agent.http("/readyz"))[0] == 503 and r, what="readyz 503")
         assert "stale" in json.loads(body)["checks"]["discovery"]
         assert agent.http("/healthz")[0] == 200  # the loop itself is fine
         assert agent.metric("memtopo_discovery_overdue") == 1
