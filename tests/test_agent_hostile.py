@@ -162,7 +162,7 @@ def test_undecodable_requests_are_counted_and_logged_once_per_peer(workdir: Path
     try:
         garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, a length beyond the message
         with grpc.insecure_channel(f"unix://{agent.sock}") as ch:
-            call = ch.unary_unary("/memtopo.v1.NodeAgent/GetTopology")
+            call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary("/memtopo.v1.NodeAgent/GetTopology")
             for _ in range(200):
                 with pytest.raises(grpc.RpcError) as info:
                     call(garbage, timeout=10)
