@@ -4,8 +4,8 @@ documentation kept equal to the embedded defaults."""
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import re
 import socket
 import tomllib

@@ -165,6 +165,27 @@ def test_sigterm_exits_while_a_rescan_hangs(workdir: Path, root: Path) -> None:
     assert rc == 0
 
 
+# A stop step that never ends (an in-flight plan stuck in a tool), and a short stop deadline.
+HANGING_STOP = r"""
+import asyncio, sys
+import agent.daemon, agent.node_service
+agent.daemon.STOP_DEADLINE_SECONDS = 2.0
+async def drain(self):
+    await asyncio.Event().wait()
+agent.node_service.PlanRunner.drain = drain
+from agent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_that_overruns_its_deadline_ends_the_process(workdir: Path, root: Path) -> None:
+    agent = AgentProc(workdir, root, script=HANGING_STOP)
+    rc = agent.stop(timeout=60)
+    assert rc == 1  # not a clean stop: systemd's Restart=on-failure may start it again
+    wait_for(lambda: agent.events("agent_stop_overrun"), what="agent_stop_overrun event")
+    assert not agent.events("agent_stopped")
+
+
 # ---- garbage requests ------------------------------------------------------------------------------
 
 
