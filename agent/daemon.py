@@ -35,8 +35,8 @@ from discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 
 from . import transport
-from .config import AgentConfig
-from .health import HealthServer, LoopLiveness, start_health_server
+from .config import AgentConfig, ConfigError
+from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
 from .link import Backoff, ControllerLink, LinkState
 from .logs import Throttle, get_logger
 from .metrics import AgentMetrics, plan_outcome
@@ -294,21 +294,41 @@ class Agent:
         limits = transport.ConnectionLimits(max_connections=cfg.max_connections,
                                             per_user=cfg.max_connections_per_user,
                                             reserved=cfg.reserved_connections, idle_seconds=cfg.idle_seconds)
-        front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None,
-                                         limits=limits, observer=self._connection_event)
-                 if cfg.socket else transport.Front(server, limits=limits, observer=self._connection_event))
-        if cfg.read_socket:
-            # Readers skip the credential-recording relay there; ApplyPlan is refused on it.
-            front.listen_direct(server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
-        if cfg.tcp:
-            # Through the front too: grpc's own TLS port cannot make a client certificate optional.
-            tls = transport.server_tls_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca or None)
-            self.tcp_port = front.listen_tcp(cfg.tcp, tls)
+        with self._config_key("listen.socket"):
+            front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None,
+                                             limits=limits, observer=self._connection_event)
+                     if cfg.socket else transport.Front(server, limits=limits, observer=self._connection_event))
+        try:
+            if cfg.read_socket:
+                # Readers skip the credential-recording relay there; ApplyPlan is refused on it.
+                with self._config_key("listen.read_socket"):
+                    front.listen_direct(server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
+            if cfg.tcp:
+                # Through the front too: grpc's own TLS port cannot make a client certificate optional.
+                with self._config_key("listen.tls_cert"):
+                    tls = transport.server_tls_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca or None)
+                with self._config_key("listen.tcp"):
+                    self.tcp_port = front.listen_tcp(cfg.tcp, tls)
+        except BaseException:
+            front.discard()
+            raise
         await server.start()
         await front.start()
         for name in ("", SERVICE_NAME):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         return server, front
+
+    @contextlib.contextmanager
+    def _config_key(self, key: str) -> Iterator[None]:
+        """A listener that cannot be set up from what ``key`` says (a path that cannot be created, a
+        port in use, an unusable certificate) is a configuration error naming the key: exit 78, no
+        restart loop. A live agent on the socket is not (SocketInUseError goes through)."""
+        try:
+            yield
+        except transport.SocketInUseError:
+            raise
+        except (transport.TransportError, HealthListenError) as exc:
+            raise ConfigError(key, str(exc), self.config.source) from None
 
     def _connection_event(self, what: str, limit: str) -> None:
         # From the front's relay thread: counters only (prometheus_client's are thread-safe).
@@ -358,7 +378,8 @@ class Agent:
             loop.add_signal_handler(sig, handler)
         self.liveness.tick()
         if self.config.health.listen:
-            self.health_server = start_health_server(self.config.health.listen, self)
+            with self._config_key("health.listen"):
+                self.health_server = start_health_server(self.config.health.listen, self)
         self.notifier.status("discovering")
         engine = Engine(Host.live(), self._current_topology, self.config.apply_state_dir,
                         self.config.apply)

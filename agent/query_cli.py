@@ -73,7 +73,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .config import EXIT_CONFIG, ConfigError, check_host, load_config
     from .daemon import Agent
-    from .health import HealthListenError
     from .logs import configure_logging
     from .transport import SocketInUseError, ensure_socket_free
 
@@ -104,10 +103,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     agent.exit_on_stop_overrun = True
     try:
         return asyncio.run(agent.run())
-    except HealthListenError as exc:  # port in use or not bindable: the key names what to change
-        print(f"memtopo: {ConfigError('health.listen', str(exc), config.source)}", file=sys.stderr)
+    except ConfigError as exc:  # a listener the config names cannot be set up (port in use, bad path)
+        print(f"memtopo: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except TransportError as exc:  # socket in use, unreadable certificate
+    except TransportError as exc:  # socket taken by another process
         print(f"memtopo: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

@@ -31,7 +31,7 @@ import pytest
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from tests.fixtures import REPO
-from tests.test_agent_e2e import copy_root, free_port, pin_plan, wait_for
+from tests.test_agent_e2e import _certs, copy_root, free_port, pin_plan, wait_for
 from tests.test_agent_transport import Holder
 
 # `memtopo serve` with discovery made to hang from its second run on: a probe stuck in the kernel
@@ -338,6 +338,22 @@ def test_a_health_port_in_use_names_the_key(tmp_path: Path, root: Path) -> None:
     assert rc == 78
     assert "health.listen:" in out and "in use" in out and "Traceback" not in out
     assert len(out.strip().splitlines()) <= 2  # the error (and at most the agent's own start-up event)
+
+
+def test_a_tcp_port_in_use_and_an_unusable_certificate_name_their_keys(tmp_path: Path, root: Path) -> None:
+    certs = _certs(tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        tls = f'tcp = "127.0.0.1:{port}"\ntls_cert = "{certs["server_crt"]}"\ntls_key = "{certs["server_key"]}"'
+        rc, out = serve(base_config(tmp_path, root, listen=tls))
+    assert rc == 78
+    assert "listen.tcp:" in out and "in use" in out and "Traceback" not in out
+    bad = tmp_path / "bad.pem"
+    bad.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    tls = f'tcp = "127.0.0.1:0"\ntls_cert = "{bad}"\ntls_key = "{certs["server_key"]}"'
+    rc, out = serve(base_config(tmp_path, root, listen=tls))
+    assert rc == 78
+    assert "listen.tls_cert:" in out and "Traceback" not in out
 
 
 def test_a_second_agent_says_one_is_running(workdir: Path, root: Path) -> None:
