@@ -79,6 +79,7 @@ class Agent:
         self._rescan_reasons: set[str] = set()
         self.link: ControllerLink | None = None
         self.server: grpc.aio.Server | None = None
+        self.read_server: grpc.aio.Server | None = None
         self.health_server: HealthServer | None = None
         self.socket_path = config.listen.socket
         self.tcp_port: int | None = None
@@ -280,17 +281,27 @@ class Agent:
                                    lambda ctx: transport.authorize_apply(ctx, cfg.socket_group or None),
                                    max_watchers=cfg.max_watchers, stall_seconds=cfg.watch_stall_seconds,
                                    events=self._service_event)
-        server = grpc.aio.server(interceptors=[self.metrics.interceptor()], options=[
+        options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", 64 << 20), ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            # Idle connections also on the read socket, which grpc serves without the front: a
-            # GOAWAY after listen.idle_seconds with no call in progress.
-            ("grpc.max_connection_idle_ms", int(cfg.idle_seconds * 1000))])
-        server.add_generic_rpc_handlers((service.handler(),))
+            # GOAWAY to a connection with no call in progress for listen.idle_seconds (the front
+            # also closes silent relayed connections; the read socket has only this).
+            ("grpc.max_connection_idle_ms", int(cfg.idle_seconds * 1000))]
         self.health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+        def make_server(extra: list[tuple[str, Any]]) -> grpc.aio.Server:
+            srv = grpc.aio.server(interceptors=[self.metrics.interceptor()], options=options + extra)
+            srv.add_generic_rpc_handlers((service.handler(),))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, srv)
+            reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), srv)
+            return srv
+
+        server = make_server([])
+        # The read socket on a server of its own, so that grpc's cap on its connections counts only
+        # them: its peers are not identified, and the front's connections to `server` (root's
+        # among them) must never be refused because of them.
+        self.read_server = (make_server([("grpc.max_allowed_incoming_connections", cfg.max_connections)])
+                            if cfg.read_socket else None)
         limits = transport.ConnectionLimits(max_connections=cfg.max_connections,
                                             per_user=cfg.max_connections_per_user,
                                             reserved=cfg.reserved_connections, idle_seconds=cfg.idle_seconds)
@@ -301,8 +312,9 @@ class Agent:
         try:
             if cfg.read_socket:
                 # Readers skip the credential-recording relay there; ApplyPlan is refused on it.
+                assert self.read_server is not None
                 with self._config_key("listen.read_socket"):
-                    front.listen_direct(server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
+                    front.listen_direct(self.read_server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
             if cfg.tcp:
                 # Through the front too: grpc's own TLS port cannot make a client certificate optional.
                 with self._config_key("listen.tls_cert"):
@@ -313,6 +325,8 @@ class Agent:
             front.discard()
             raise
         await server.start()
+        if self.read_server is not None:
+            await self.read_server.start()
         await front.start()
         for name in ("", SERVICE_NAME):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -483,7 +497,10 @@ class Agent:
             if task is not None and not task.done():
                 task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await server.stop(grace=2.0)  # answers in flight still pass through the front
+        if self.read_server is not None:
+            await asyncio.gather(server.stop(grace=2.0), self.read_server.stop(grace=2.0))
+        else:
+            await server.stop(grace=2.0)  # answers in flight still pass through the front
         await front.stop()
         if self.controller is not None:
             await self.controller.stop(1.0)

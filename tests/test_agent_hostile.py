@@ -232,6 +232,20 @@ def test_another_user_cannot_lock_root_out(workdir: Path, root: Path) -> None:
         agent.stop()
 
 
+def test_the_read_socket_is_capped_apart_from_the_relayed_socket(workdir: Path, root: Path) -> None:
+    # Peers of the read socket are not identified: a cap of its own, which never takes a slot of
+    # the relayed socket (root's calls there still work with the read socket full).
+    agent = AgentProc(workdir, root, listen='socket_mode = "0666"\nmax_connections = 8\nreserved_connections = 1')
+    hog = Holder(str(workdir / "agent-read.sock"), 20)
+    try:
+        assert hog.read() == [8]
+        with grpc.insecure_channel(f"unix://{agent.sock}") as ch:
+            assert agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=10).generation == 1
+    finally:
+        hog.close()
+        agent.stop()
+
+
 def test_idle_connections_are_closed(workdir: Path, root: Path) -> None:
     agent = AgentProc(workdir, root, listen='socket_mode = "0666"\nidle_seconds = 2')
     hog = Holder(str(agent.sock), 10, checks=(0.5, 6.0))
