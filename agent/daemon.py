@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import threading
@@ -128,7 +127,8 @@ class Agent:
         def overrun() -> None:
             log.error("agent_stop_overrun", seconds=STOP_DEADLINE_SECONDS,
                       threads=sorted(t.name for t in threading.enumerate() if t is not threading.current_thread()))
-            logging.shutdown()
+            # No logging.shutdown(): it takes handler locks a stuck thread may hold (each event
+            # is flushed as it is written anyway).
             os._exit(EXIT_FAILURE)
 
         self._overrun_timer = threading.Timer(STOP_DEADLINE_SECONDS, overrun)
