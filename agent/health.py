@@ -34,7 +34,6 @@ SERVER_NAME: Final = "memtopo-health"
 # A connection that has not sent a complete request within this many seconds (of connecting, or of
 # its previous answer) is closed; so is one that does not take its answer in this time.
 IDLE_SECONDS: Final = 5.0
-REQUEST_TIMEOUT_SECONDS: Final = IDLE_SECONDS
 # Open connections at most; a new one closes the one waiting longest. Probes and scrapes need a
 # handful; each open connection costs one descriptor and a coroutine, never a thread.
 MAX_CONNECTIONS: Final = 256
