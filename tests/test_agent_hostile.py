@@ -32,7 +32,7 @@ from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from tests.fixtures import REPO
 from tests.test_agent_e2e import _certs, copy_root, free_port, pin_plan, wait_for
-from tests.test_agent_transport import Holder
+from tests.test_agent_transport import Holder, settles_at
 
 # `memtopo serve` with discovery made to hang from its second run on: a probe stuck in the kernel
 # (a wedged driver, a hung mount) stands in as a thread that never returns.
@@ -218,7 +218,7 @@ def test_another_user_cannot_lock_root_out(workdir: Path, root: Path) -> None:
     agent = AgentProc(workdir, root, listen='socket_mode = "0666"')
     hog = Holder(str(agent.sock), 130)
     try:
-        assert hog.read() == [16]  # listen.max_connections_per_user
+        settles_at(hog.open, 16)  # listen.max_connections_per_user
         with grpc.insecure_channel(f"unix://{agent.sock}") as ch:
             stub = agent.stub(ch)
             assert stub.GetTopology(apb.GetTopologyRequest(), timeout=10).generation == 1
@@ -226,6 +226,7 @@ def test_another_user_cannot_lock_root_out(workdir: Path, root: Path) -> None:
             res = stub.ApplyPlan(apb.ApplyPlanRequest(plan=plan, dry_run=True), timeout=30)
             assert res.plan_id == "lockout"
         assert agent.metric('memtopo_connections_refused_total{reason="per_user"}') == 130 - 16
+        wait_for(lambda: agent.events("connection_refused"), what="connection_refused event")
         assert len(agent.events("connection_refused")) == 1  # one event, the metric counts the rest
     finally:
         hog.close()
@@ -238,7 +239,7 @@ def test_the_read_socket_is_capped_apart_from_the_relayed_socket(workdir: Path, 
     agent = AgentProc(workdir, root, listen='socket_mode = "0666"\nmax_connections = 8\nreserved_connections = 1')
     hog = Holder(str(workdir / "agent-read.sock"), 20)
     try:
-        assert hog.read() == [8]
+        settles_at(hog.open, 8)
         with grpc.insecure_channel(f"unix://{agent.sock}") as ch:
             assert agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=10).generation == 1
     finally:
@@ -248,10 +249,11 @@ def test_the_read_socket_is_capped_apart_from_the_relayed_socket(workdir: Path, 
 
 def test_idle_connections_are_closed(workdir: Path, root: Path) -> None:
     agent = AgentProc(workdir, root, listen='socket_mode = "0666"\nidle_seconds = 2')
-    hog = Holder(str(agent.sock), 10, checks=(0.5, 6.0))
+    hog = Holder(str(agent.sock), 10)
     try:
-        assert hog.read() == [10, 0]
-        assert agent.metric("memtopo_connections_idle_closed_total") == 10
+        # Each closed after 2 s without traffic: by the front's sweep (counted in
+        # memtopo_connections_idle_closed_total) or by grpc's own idle GOAWAY, whichever comes first.
+        settles_at(hog.open, 0, timeout=60)
         with grpc.insecure_channel(f"unix://{agent.sock}") as ch:  # a client that works is served
             assert agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=10).generation == 1
     finally:

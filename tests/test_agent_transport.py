@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -628,7 +629,7 @@ def test_relay_is_byte_exact_under_backpressure_both_ways(sockdir: str) -> None:
 
 
 HOLD = r"""
-import json, os, socket, sys, time
+import json, os, socket, sys
 a = json.loads(sys.argv[1])
 os.setgroups(a["groups"]); os.setgid(a["gid"]); os.setuid(a["uid"])
 socks = []
@@ -652,35 +653,34 @@ def is_open(s):
 def still_open():
     return sum(1 for s in socks if is_open(s))
 
-for wait in a["checks"]:
-    time.sleep(wait)
+print("connected", flush=True)
+for line in sys.stdin:  # each line asks how many are still open; the end of input lets them go
     print(json.dumps(still_open()), flush=True)
-sys.stdin.read()  # hold them until told to go
 """
 
 
 class Holder:
     """A process of another user holding ``count`` raw connections to a Unix socket (a local user
-    trying to lock others out). ``counts`` are how many the server left open at each check."""
+    trying to lock others out). ``open()`` asks it how many the server has left open."""
 
-    def __init__(self, path: str, count: int, *, uid: int = NOBODY, gid: int = NOBODY, groups: Iterable[int] = (),
-                 checks: Iterable[float] = (1.0,)) -> None:
-        self.checks = list(checks)
-        args = {"path": path, "count": count, "uid": uid, "gid": gid, "groups": list(groups), "checks": self.checks}
+    def __init__(self, path: str, count: int, *, uid: int = NOBODY, gid: int = NOBODY,
+                 groups: Iterable[int] = ()) -> None:
+        args = {"path": path, "count": count, "uid": uid, "gid": gid, "groups": list(groups)}
         self.proc = subprocess.Popen([sys.executable, "-c", HOLD, json.dumps(args)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self._line() == "connected"
 
-    async def counts(self) -> list[int]:
-        return await asyncio.to_thread(self.read)
-
-    def read(self) -> list[int]:
+    def _line(self) -> str:
         assert self.proc.stdout is not None
-        out = []
-        for _ in self.checks:
-            line = self.proc.stdout.readline()
-            assert line, self.proc.stderr.read() if self.proc.stderr else ""
-            out.append(int(line))
-        return out
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read() if self.proc.stderr else ""
+        return line.strip()
+
+    def open(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("check\n")
+        self.proc.stdin.flush()
+        return int(self._line())
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -693,23 +693,39 @@ class Holder:
             self.proc.wait()
 
 
+def settles_at(observe: Callable[[], Any], want: Any, timeout: float = 30.0) -> None:
+    """``observe()`` reaches ``want`` and still shows it a moment later. Refusals and closes happen
+    as the server gets to them: a busy machine is slower, never different."""
+    deadline = time.monotonic() + timeout
+    got = observe()
+    while time.monotonic() < deadline:
+        if got == want:
+            time.sleep(0.3)
+            got = observe()
+            if got == want:
+                return
+        time.sleep(0.1)
+        got = observe()
+    raise AssertionError(f"settled at {got!r}, not {want!r}")
+
+
 def test_connection_limit(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
     limits = transport.ConnectionLimits(max_connections=1)
 
     async def main() -> None:
         async with serving(path, mode=0o666, limits=limits) as running:
-            other = Holder(path, 3)
+            other = await asyncio.to_thread(Holder, path, 3)
             try:
-                assert await other.counts() == [1]  # the cap, for everyone but root
+                await asyncio.to_thread(settles_at, other.open, 1)  # the cap, for everyone but root
                 async with grpc.aio.insecure_channel(f"unix:{path}", options=OWN_CONNECTION) as root:
                     assert await ok(root, "Read") == PAYLOAD  # root is never refused by it
             finally:
                 other.close()
             await _settle(lambda: running.front.connections == 0)
-            again = Holder(path, 1)
+            again = await asyncio.to_thread(Holder, path, 1)
             try:
-                assert await again.counts() == [1]  # a freed slot is reused
+                await asyncio.to_thread(settles_at, again.open, 1)  # a freed slot is reused
             finally:
                 again.close()
 
@@ -725,13 +741,15 @@ def test_no_user_can_lock_root_or_the_socket_group_out(sockdir: str) -> None:
 
     async def main() -> None:
         async with serving(path, mode=0o666, group=group, allowed_group=group, limits=limits) as running:
-            hogs = [Holder(path, 10), Holder(path, 10, uid=NOBODY - 1, gid=NOBODY - 1)]
+            hogs = [await asyncio.to_thread(Holder, path, 10),
+                    await asyncio.to_thread(Holder, path, 10, uid=NOBODY - 1, gid=NOBODY - 1)]
             try:
-                counts = [(await h.counts())[0] for h in hogs]
-                assert sorted(counts) == [2, 4]  # 4 per user, 12 - 6 = 6 for both together
-                member = Holder(path, 10, uid=NOBODY - 2, gid=NOBODY - 2, groups=[gid])
+                # 4 per user, 12 - 6 = 6 for both together
+                await asyncio.to_thread(settles_at, lambda: sorted(h.open() for h in hogs), [2, 4])
+                member = await asyncio.to_thread(Holder, path, 10, uid=NOBODY - 2, gid=NOBODY - 2, groups=[gid])
                 try:
-                    assert await member.counts() == [4]  # the group gets in: its own per-user cap
+                    # the group gets in: its own per-user cap
+                    await asyncio.to_thread(settles_at, member.open, 4)
                     async with grpc.aio.insecure_channel(f"unix:{path}", options=OWN_CONNECTION) as root:
                         assert await ok(root, "Read") == PAYLOAD
                         assert await ok(root, "Apply") == b"applied"
@@ -755,9 +773,10 @@ def test_idle_connections_are_closed(sockdir: str) -> None:
 
     async def main() -> None:
         async with serving(path, mode=0o666, limits=limits, observer=lambda e, r: seen.append((e, r))) as running:
-            holder = Holder(path, 5, checks=(0.2, 4.0))
+            holder = await asyncio.to_thread(Holder, path, 5)
             try:
-                assert await holder.counts() == [5, 0]
+                await _settle(lambda: running.front.connections == 5)
+                await asyncio.to_thread(settles_at, holder.open, 0)
             finally:
                 holder.close()
             await _settle(lambda: running.front.connections == 0)
