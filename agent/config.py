@@ -11,10 +11,13 @@ default (a test keeps both in step with this module).
 from __future__ import annotations
 
 import difflib
+import grp
 import math
 import os
 import re
 import socket
+import stat
+import tempfile
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -41,6 +44,31 @@ MAX_UNIX_PATH_BYTES = 107
 # A config file is a few kilobytes; anything this large is not one.
 MAX_CONFIG_BYTES = 1 << 20
 
+# (lowest, highest) accepted value of every duration key. Below the floor a timer spins (a
+# heartbeat of 1e-300 s is a busy loop); above the ceiling it never fires (a debounce of 1e308 s
+# disables rescans). A day is the longest any of them has a use for.
+DAY = 86400.0
+DURATION_BOUNDS: dict[str, tuple[float, float]] = {
+    "listen.idle_seconds": (1.0, DAY),
+    "listen.watch_stall_seconds": (1.0, 3600.0),
+    "controller.heartbeat_seconds": (0.1, 3600.0),
+    "controller.backoff_initial_seconds": (0.01, 3600.0),
+    "controller.backoff_max_seconds": (0.01, DAY),
+    "discovery.rescan_seconds": (1.0, DAY),
+    "discovery.debounce_seconds": (0.001, 600.0),  # or exactly 0: rescan at once
+    "discovery.deadline_seconds": (0.1, 3600.0),
+    "kubernetes.pod_resources_seconds": (0.1, 3600.0),
+    "kubernetes.backoff_initial_seconds": (0.01, 3600.0),
+    "kubernetes.backoff_max_seconds": (0.01, DAY),
+}
+# (lowest, highest) of every count key.
+COUNT_BOUNDS: dict[str, tuple[int, int]] = {
+    "listen.max_connections": (1, 65536),
+    "listen.max_connections_per_user": (1, 65536),
+    "listen.reserved_connections": (0, 65535),
+    "listen.max_watchers": (1, 65536),
+}
+
 
 def _hostname() -> str:
     return socket.gethostname()
@@ -64,6 +92,17 @@ class ListenConfig:
     tls_key: str = ""
     # Client CA: with it, TCP clients may present a certificate; ApplyPlan over TCP requires one.
     tls_client_ca: str = ""
+    # Relayed connections (listen.socket and listen.tcp): all of them together, per user other
+    # than root, and the share only root and socket_group members may take. Root is never refused.
+    max_connections: int = 128
+    max_connections_per_user: int = 16
+    reserved_connections: int = 32
+    # A relayed connection that moves no byte either way for this long is closed.
+    idle_seconds: float = 300.0
+    # WatchTopology streams at once (every socket); more are refused with RESOURCE_EXHAUSTED.
+    max_watchers: int = 256
+    # A watcher whose event has not left within this long is ended (it stopped reading).
+    watch_stall_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +126,8 @@ class DiscoveryConfig:
     # 0 = publish as soon as an event's rescan finishes (the watch benchmark runs with 0).
     debounce_seconds: float = 1.0
     udev: bool = True
+    # A discovery still running after this long is reported (readiness, metric, log) as overdue.
+    deadline_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +257,13 @@ class _Table:
     def integer(self, name: str, default: int) -> int:
         return int(self._get(name, default, int, "an integer"))
 
+    def count(self, name: str, default: int) -> int:
+        value = self.integer(name, default)
+        low, high = COUNT_BOUNDS[self.key(name)]
+        if not low <= value <= high:
+            raise self.error(name, f"must be {low}-{high}, got {excerpt(value)}")
+        return value
+
     def seconds(self, name: str, default: float, *, zero_ok: bool = False) -> float:
         value = self._get(name, default, (int, float), "a number of seconds")
         try:
@@ -226,6 +274,10 @@ class _Table:
             raise self.error(name, f"must be a finite number of seconds, got {seconds}")
         if seconds < 0 or (seconds == 0 and not zero_ok):
             raise self.error(name, f"must be {'≥ 0' if zero_ok else '> 0'} seconds, got {excerpt(value)}")
+        low, high = DURATION_BOUNDS[self.key(name)]
+        if seconds and not low <= seconds <= high:
+            zero = "0 or " if zero_ok else ""
+            raise self.error(name, f"must be {zero}{low:g}-{high:g} seconds, got {excerpt(value)}")
         return seconds
 
     def choice[T: str](self, name: str, default: T, choices: tuple[T, ...]) -> T:
@@ -319,7 +371,16 @@ def _listen(t: _Table) -> ListenConfig:
     cfg = ListenConfig(socket=sock, socket_mode=int(mode_text, 8), socket_group=group, tcp=tcp,
                        read_socket=read_sock,
                        tls_cert=t.path("tls_cert", d.tls_cert), tls_key=t.path("tls_key", d.tls_key),
-                       tls_client_ca=t.path("tls_client_ca", d.tls_client_ca))
+                       tls_client_ca=t.path("tls_client_ca", d.tls_client_ca),
+                       max_connections=t.count("max_connections", d.max_connections),
+                       max_connections_per_user=t.count("max_connections_per_user", d.max_connections_per_user),
+                       reserved_connections=t.count("reserved_connections", d.reserved_connections),
+                       idle_seconds=t.seconds("idle_seconds", d.idle_seconds),
+                       max_watchers=t.count("max_watchers", d.max_watchers),
+                       watch_stall_seconds=t.seconds("watch_stall_seconds", d.watch_stall_seconds))
+    if cfg.reserved_connections >= cfg.max_connections:
+        raise t.error("reserved_connections", f"{cfg.reserved_connections} leaves no connection of "
+                                              f"max_connections ({cfg.max_connections}) to other users")
     _cert_pair(t, cfg.tls_cert, cfg.tls_key)
     if cfg.tcp and not cfg.tls_cert:
         raise t.error("tcp", "a TCP listener needs TLS: set listen.tls_cert and listen.tls_key")
@@ -385,7 +446,8 @@ def _discovery(t: _Table) -> DiscoveryConfig:
     d = DiscoveryConfig()
     return DiscoveryConfig(rescan_seconds=t.seconds("rescan_seconds", d.rescan_seconds),
                            debounce_seconds=t.seconds("debounce_seconds", d.debounce_seconds, zero_ok=True),
-                           udev=t.boolean("udev", d.udev))
+                           udev=t.boolean("udev", d.udev),
+                           deadline_seconds=t.seconds("deadline_seconds", d.deadline_seconds))
 
 
 def _apply(t: _Table) -> ApplyConfig:
@@ -479,6 +541,50 @@ def _check_readable(cfg: AgentConfig) -> None:
             raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}", cfg.source) from None
 
 
+class _NotRegularError(Exception):
+    """What the path is instead of a regular file."""
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of a regular file. O_NONBLOCK: opening a FIFO for reading blocks
+    until a writer appears, so the kind is checked on the open descriptor, never before it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
+                     stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+            raise _NotRegularError(kinds.get(stat.S_IFMT(st.st_mode), "not a file"))
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and (chunk := os.read(fd, min(1 << 16, limit - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_host(cfg: AgentConfig) -> None:
+    """What the configuration names on this host, checked before anything starts, so that a value
+    that cannot work stops the agent with its key (exit 78) instead of a traceback later: the
+    socket group exists, and the state directory can be created and written."""
+    group = cfg.listen.socket_group
+    if group and not group.isdigit():
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            raise ConfigError("listen.socket_group", f"group {excerpt(group)!r} does not exist on this host",
+                              cfg.source) from None
+    try:
+        os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=cfg.state_dir, prefix=".memtopo-probe-")  # noqa: SIM115
+        probe.close()
+    except OSError as exc:
+        raise ConfigError("state_dir", f"{excerpt(cfg.state_dir)} is not a writable directory: "
+                                       f"{exc.strerror or exc}", cfg.source) from None
+
+
 def load_config(path: Path | None) -> AgentConfig:
     """The configuration in ``path`` (its TLS files checked readable), or the embedded defaults when
     None. Raises only ConfigError."""
@@ -486,10 +592,11 @@ def load_config(path: Path | None) -> AgentConfig:
         return parse_config("", "<defaults>")
     source = str(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = _read_regular(path, MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError("", f"cannot read: {exc.strerror or exc}", source) from None
+    except _NotRegularError as exc:
+        raise ConfigError("", f"not a regular file ({exc}): not a config file", source) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError("", f"larger than {MAX_CONFIG_BYTES} bytes: not a config file", source)
     try:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,10 +34,10 @@ from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 
 from . import transport
-from .config import AgentConfig
-from .health import HealthServer, LoopLiveness, start_health_server
+from .config import AgentConfig, ConfigError
+from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
 from .link import Backoff, ControllerLink, LinkState
-from .logs import get_logger
+from .logs import Throttle, get_logger
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
@@ -46,6 +48,8 @@ log = get_logger(component="agent")
 UDEV_SUBSYSTEMS = ("pci", "cxl", "memory", "cpu", "dax", "node")
 # The loop ticks at least this often even without a systemd watchdog, for /healthz.
 TICK_SECONDS = 5.0
+# A stop (SIGTERM) ends the process within this many seconds, below the unit's TimeoutStopSec=30.
+STOP_DEADLINE_SECONDS = 20.0
 VERSION = "0.1.0"
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -83,11 +87,19 @@ class Agent:
         self._rescan_reasons: set[str] = set()
         self.link: ControllerLink | None = None
         self.server: grpc.aio.Server | None = None
+        self.read_server: grpc.aio.Server | None = None
         self.health_server: HealthServer | None = None
         self.socket_path = config.listen.socket
         self.tcp_port: int | None = None
         self.engine: Engine | None = None
         self.k8s_publisher: Any = None  # agent.k8s_publisher.Publisher when [kubernetes] is enabled
+        # Read by the health thread: plain attributes, each assignment atomic.
+        self.discovery_started: float | None = None
+        self.discovery_overdue = False
+        # `memtopo serve` sets it: a stop that overruns STOP_DEADLINE_SECONDS ends the process.
+        self.exit_on_stop_overrun = False
+        self._overrun_timer: threading.Timer | None = None
+        self._throttle = Throttle()
 
     # ---- HealthSource (read from the HTTP threads) -------------------------------------------------
     def alive(self) -> tuple[bool, str]:
@@ -105,7 +117,12 @@ class Agent:
         checks["apply_journals"] = engine.unreadable_message()[:1000] if engine is not None and bad else "ok"
         # A NodeResourceTopology behind the topology makes the pod unready (the agent keeps serving).
         k8s_ok, checks["kubernetes"] = self.k8s_publisher.status() if self.k8s_publisher else (True, "not configured")
-        return r.discovered and r.listening and not bad and k8s_ok, checks
+        started, overdue = self.discovery_started, self.discovery_overdue
+        if overdue and started is not None:
+            # Unready: what is served may no longer be the host. The loop itself is fine (/healthz).
+            checks["discovery"] += (f"; stale: a rescan has run {time.monotonic() - started:.0f}s, over "
+                                    f"discovery.deadline_seconds ({self.config.discovery.deadline_seconds:g}s)")
+        return r.discovered and r.listening and not bad and k8s_ok and not overdue, checks
 
     # ---- triggers -----------------------------------------------------------------------------------
     def request_rescan(self, reason: str) -> None:
@@ -114,6 +131,26 @@ class Agent:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._arm_stop_deadline()
+
+    def _arm_stop_deadline(self) -> None:
+        """After a stop begins, the process ends within STOP_DEADLINE_SECONDS whatever still runs
+        (a thread stuck in a probe or a tool): systemd's TimeoutStopSec would otherwise SIGKILL it,
+        and a process that never exits is never restarted."""
+        if not self.exit_on_stop_overrun or self._overrun_timer is not None:
+            return
+
+        def overrun() -> None:
+            log.error("agent_stop_overrun", seconds=STOP_DEADLINE_SECONDS,
+                      threads=sorted(t.name for t in threading.enumerate() if t is not threading.current_thread()))
+            # No logging.shutdown(): it takes handler locks a stuck thread may hold (each event
+            # is flushed as it is written anyway).
+            os._exit(EXIT_FAILURE)
+
+        self._overrun_timer = threading.Timer(STOP_DEADLINE_SECONDS, overrun)
+        self._overrun_timer.name = "memtopo-stop-deadline"
+        self._overrun_timer.daemon = True
+        self._overrun_timer.start()
 
     # ---- discovery ----------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -133,10 +170,70 @@ class Agent:
             topo.fingerprint = fingerprint(topo)
         return topo
 
+    def _start_discovery(self, ctx: ProbeContext) -> asyncio.Future[pb.MemoryTopology]:
+        """One discovery on its own daemon thread. Not the loop's executor: a probe stuck in the
+        kernel (a hung NFS mount, a wedged driver) would keep the process alive at exit, because
+        executor threads are joined then; a daemon thread is left behind."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[pb.MemoryTopology] = loop.create_future()
+
+        def settle(value: pb.MemoryTopology | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)  # type: ignore[arg-type]
+
+        def work() -> None:
+            try:
+                topo, exc = self._discover(ctx), None
+            except BaseException as e:  # delivered to the loop, which decides
+                topo, exc = None, e
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the agent has stopped
+                loop.call_soon_threadsafe(settle, topo, exc)
+
+        threading.Thread(target=work, name="memtopo-discovery", daemon=True).start()
+        return fut
+
+    async def _await_discovery(self, fut: asyncio.Future[pb.MemoryTopology], reasons: str) -> bool:
+        """Wait for ``fut`` until it is done (True) or a stop is requested (False). Past the
+        deadline it is reported as overdue: the topology being served may be stale."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        waiting: set[asyncio.Future[Any]] = {fut, stop}
+        try:
+            await asyncio.wait(waiting, timeout=self.config.discovery.deadline_seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if fut.done() or self._stop.is_set():
+                return fut.done()
+            self.discovery_overdue = True
+            self.metrics.discovery_overdue.set(1)
+            self.metrics.discoveries_overdue.inc()
+            log.error("discovery_overdue", trigger=reasons, deadline_seconds=self.config.discovery.deadline_seconds,
+                      generation=self.state.generation)
+            self.notifier.status(f"discovery overdue; serving generation {self.state.generation}")
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            return fut.done()
+        finally:
+            stop.cancel()
+
     async def _discover_and_publish(self, ctx: ProbeContext, reasons: str) -> None:
         started = time.perf_counter()
+        self.discovery_started = time.monotonic()
+        fut = self._start_discovery(ctx)
         try:
-            topo = await asyncio.to_thread(self._discover, ctx)
+            if not await self._await_discovery(fut, reasons):
+                return  # stopping: the thread is left to the process's exit
+        finally:
+            if self.discovery_overdue and fut.done():
+                log.warning("discovery_finished_late", trigger=reasons,
+                            seconds=round(time.perf_counter() - started, 3))
+            if fut.done():
+                self.discovery_started = None
+                self.discovery_overdue = False
+                self.metrics.discovery_overdue.set(0)
+        try:
+            topo = fut.result()
         except Exception as exc:  # a probe bug must not kill the agent: keep serving the last topology
             self.metrics.observe_discovery(time.perf_counter() - started, "error")
             log.error("discovery_failed", error=repr(exc), trigger=reasons)
@@ -198,29 +295,93 @@ class Agent:
     async def _start_grpc(self, plans: PlanRunner) -> tuple[grpc.aio.Server, transport.Front]:
         cfg = self.config.listen
         service = NodeAgentService(self.state, plans,
-                                   lambda ctx: transport.authorize_apply(ctx, cfg.socket_group or None))
-        server = grpc.aio.server(interceptors=[self.metrics.interceptor()], options=[
+                                   lambda ctx: transport.authorize_apply(ctx, cfg.socket_group or None),
+                                   max_watchers=cfg.max_watchers, stall_seconds=cfg.watch_stall_seconds,
+                                   events=self._service_event)
+        options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", 64 << 20), ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000)])
-        server.add_generic_rpc_handlers((service.handler(),))
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            # GOAWAY to a connection with no call in progress for listen.idle_seconds (the front
+            # also closes silent relayed connections; the read socket has only this).
+            ("grpc.max_connection_idle_ms", int(cfg.idle_seconds * 1000))]
         self.health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None)
-                 if cfg.socket else transport.Front(server))
-        if cfg.read_socket:
-            # Readers skip the credential-recording relay there; ApplyPlan is refused on it.
-            front.listen_direct(server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
-        if cfg.tcp:
-            # Through the front too: grpc's own TLS port cannot make a client certificate optional.
-            tls = transport.server_tls_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca or None)
-            self.tcp_port = front.listen_tcp(cfg.tcp, tls)
+
+        def make_server(extra: list[tuple[str, Any]]) -> grpc.aio.Server:
+            srv = grpc.aio.server(interceptors=[self.metrics.interceptor()], options=options + extra)
+            srv.add_generic_rpc_handlers((service.handler(),))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, srv)
+            reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), srv)
+            return srv
+
+        server = make_server([])
+        # The read socket on a server of its own, so that grpc's cap on its connections counts only
+        # them: its peers are not identified, and the front's connections to `server` (root's
+        # among them) must never be refused because of them.
+        self.read_server = (make_server([("grpc.max_allowed_incoming_connections", cfg.max_connections)])
+                            if cfg.read_socket else None)
+        limits = transport.ConnectionLimits(max_connections=cfg.max_connections,
+                                            per_user=cfg.max_connections_per_user,
+                                            reserved=cfg.reserved_connections, idle_seconds=cfg.idle_seconds)
+        with self._config_key("listen.socket"):
+            front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None,
+                                             limits=limits, observer=self._connection_event)
+                     if cfg.socket else transport.Front(server, limits=limits, observer=self._connection_event))
+        try:
+            if cfg.read_socket:
+                # Readers skip the credential-recording relay there; ApplyPlan is refused on it.
+                assert self.read_server is not None
+                with self._config_key("listen.read_socket"):
+                    front.listen_direct(self.read_server, cfg.read_socket, cfg.socket_mode, cfg.socket_group or None)
+            if cfg.tcp:
+                # Through the front too: grpc's own TLS port cannot make a client certificate optional.
+                with self._config_key("listen.tls_cert"):
+                    tls = transport.server_tls_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca or None)
+                with self._config_key("listen.tcp"):
+                    self.tcp_port = front.listen_tcp(cfg.tcp, tls)
+        except BaseException:
+            front.discard()
+            raise
         await server.start()
+        if self.read_server is not None:
+            await self.read_server.start()
         await front.start()
         for name in ("", SERVICE_NAME):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         return server, front
+
+    @contextlib.contextmanager
+    def _config_key(self, key: str) -> Iterator[None]:
+        """A listener that cannot be set up from what ``key`` says (a path that cannot be created, a
+        port in use, an unusable certificate) is a configuration error naming the key: exit 78, no
+        restart loop. A live agent on the socket is not (SocketInUseError goes through)."""
+        try:
+            yield
+        except transport.SocketInUseError:
+            raise
+        except (transport.TransportError, HealthListenError) as exc:
+            raise ConfigError(key, str(exc), self.config.source) from None
+
+    def _connection_event(self, what: str, limit: str) -> None:
+        # From the front's relay thread: counters only (prometheus_client's are thread-safe).
+        if what == "refused":
+            self.metrics.connections_refused.labels(limit).inc()
+        elif what == "idle_closed":
+            self.metrics.connections_idle_closed.inc()
+
+    def _service_event(self, what: str, method: str, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
+        """Every occurrence counted; one log event per peer and kind per minute, with how many
+        were held back since the last one: garbage from one peer must not flood the journal."""
+        if what == "undecodable":
+            self.metrics.undecodable_requests.labels(f"/{SERVICE_NAME}/{method}").inc()
+        elif what == "watch_refused":
+            self.metrics.watchers_refused.inc()
+        elif what == "watch_stalled":
+            self.metrics.watchers_stalled.inc()
+        peer = transport.peer_label(context)
+        held_back = self._throttle.allow(f"{what}:{peer}")
+        if held_back is not None:
+            log.warning(f"grpc_{what}", method=method, peer=peer, held_back=held_back,
+                        interval_seconds=self._throttle.interval)
 
     def _start_link(self, plans: PlanRunner) -> ControllerLink | None:
         cfg = self.config.controller
@@ -248,7 +409,8 @@ class Agent:
             loop.add_signal_handler(sig, handler)
         self.liveness.tick()
         if self.config.health.listen:
-            self.health_server = start_health_server(self.config.health.listen, self)
+            with self._config_key("health.listen"):
+                self.health_server = start_health_server(self.config.health.listen, self)
         self.notifier.status("discovering")
         engine = Engine(Host.live(), self._current_topology, self.config.apply_state_dir,
                         self.config.apply)
@@ -268,6 +430,13 @@ class Agent:
             if self.config.discovery.udev and self.config.root in ("", "/"):
                 monitor = self._start_udev()
             await self._discover_and_publish(ctx, "start")
+            if self._stop.is_set():  # stopped during the first discovery: nothing was started
+                if monitor is not None:
+                    asyncio.get_running_loop().remove_reader(monitor.fileno())
+                if self.health_server is not None:
+                    self.health_server.stop()
+                log.info("agent_stopped", generation=self.state.generation)
+                return EXIT_OK
             self._ready.discovered = self.state.current is not None
             server, front = await self._start_grpc(plans)
             self.server = server
@@ -338,6 +507,7 @@ class Agent:
     async def _shutdown(self, server: grpc.aio.Server, front: transport.Front, plans: PlanRunner,
                         tasks: list[asyncio.Task[Any]], monitor: Any) -> None:
         log.info("agent_stopping", generation=self.state.generation)
+        self._arm_stop_deadline()
         self.notifier.stopping()
         if monitor is not None:
             asyncio.get_running_loop().remove_reader(monitor.fileno())
@@ -350,7 +520,10 @@ class Agent:
             if task is not None and not task.done():
                 task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await server.stop(grace=2.0)  # answers in flight still pass through the front
+        if self.read_server is not None:
+            await asyncio.gather(server.stop(grace=2.0), self.read_server.stop(grace=2.0))
+        else:
+            await server.stop(grace=2.0)  # answers in flight still pass through the front
         await front.stop()
         if self.sidecar is not None:
             await self.sidecar.stop()

@@ -53,6 +53,10 @@ LinkState = Literal["disconnected", "connecting", "connected"]
 PlanOutcome = Literal["applied", "unchanged", "rejected", "rolled_back", "failed", "dry_run"]
 SourceStatusName = Literal["unspecified", "ok", "degraded", "unavailable"]
 
+# Why the front refused a connection: every connection slot taken (root is exempt), the peer's user
+# at its own cap, or the unprivileged share (all but listen.reserved_connections) taken.
+CONNECTION_LIMITS: Final = ("max_connections", "per_user", "reserved")
+
 LINK_STATES: Final[tuple[LinkState, ...]] = get_args(LinkState)
 PLAN_OUTCOMES: Final[tuple[PlanOutcome, ...]] = get_args(PlanOutcome)
 SOURCE_STATUSES: Final[tuple[SourceStatusName, ...]] = get_args(SourceStatusName)
@@ -200,6 +204,31 @@ class AgentMetrics:
         self.grpc_streams_open = Gauge(
             PREFIX + "grpc_streams_open", "Streaming gRPC calls in progress (watchers, controller links).",
             ["method"], registry=reg)
+        self.discovery_overdue = Gauge(
+            PREFIX + "discovery_overdue",
+            "1 while a discovery runs past discovery.deadline_seconds (the published topology may be stale).",
+            registry=reg)
+        self.discoveries_overdue = Counter(
+            PREFIX + "discoveries_overdue", "Discoveries that ran past discovery.deadline_seconds.", registry=reg)
+        self.undecodable_requests = Counter(
+            PREFIX + "grpc_undecodable_requests", "gRPC requests whose message could not be decoded, by method.",
+            ["method"], registry=reg)
+        self.connections_refused = Counter(
+            PREFIX + "connections_refused",
+            "Connections to listen.socket/listen.tcp refused, by the limit that refused them.",
+            ["reason"], registry=reg)
+        self.connections_idle_closed = Counter(
+            PREFIX + "connections_idle_closed", "Relayed connections closed after listen.idle_seconds without traffic.",
+            registry=reg)
+        self.watchers_refused = Counter(
+            PREFIX + "watchers_refused", "WatchTopology calls refused at listen.max_watchers.", registry=reg)
+        self.watchers_stalled = Counter(
+            PREFIX + "watchers_stalled",
+            "WatchTopology streams ended because an event did not leave within listen.watch_stall_seconds.",
+            registry=reg)
+        self.health_connections_evicted = Counter(
+            PREFIX + "health_connections_evicted",
+            "Health endpoint connections closed to make room for a new one (oldest idle first).", registry=reg)
         if process_metrics:
             # Unprefixed process_* names on purpose: that is what every dashboard and alert expects.
             ProcessCollector(registry=reg)
@@ -209,6 +238,8 @@ class AgentMetrics:
             self.discoveries.labels(outcome)
         for plan in PLAN_OUTCOMES:
             self.plans.labels(plan)
+        for reason in CONNECTION_LIMITS:
+            self.connections_refused.labels(reason)
         self._link.set("", "disconnected")
 
     # ---- discovery and topology ------------------------------------------------------------------

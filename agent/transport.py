@@ -48,7 +48,8 @@ import stat
 import struct
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -56,7 +57,7 @@ import grpc
 
 from memtopo.addresses import AddressError, parse_host_port
 
-from .logs import get_logger
+from .logs import Throttle, get_logger
 
 log = get_logger(component="transport")
 
@@ -122,6 +123,29 @@ class PeerContext(Protocol):
 
     def peer_identities(self) -> Iterable[bytes] | None: ...
 
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Caps of the relayed listeners. Root (uid 0) is never refused by them: it is the operator,
+    and no other user's connections may lock it out. Everyone else: at most ``max_connections``
+    in all and ``per_user`` per uid; peers that may not apply (not root, not in the socket group;
+    TLS peers too) share all but ``reserved`` of them, so the socket group always finds a slot. A
+    connection that moves no byte for ``idle_seconds`` (None = never) is closed."""
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    per_user: int | None = None
+    reserved: int = 0
+    idle_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or (self.per_user is not None and self.per_user < 1):
+            raise TransportError("connection limits must be positive")
+        if not 0 <= self.reserved < self.max_connections:
+            raise TransportError(f"reserved connections must be 0-{self.max_connections - 1}")
+
+
+# Called from the relay thread with what happened: ("refused", limit) or ("idle_closed", "").
+ConnectionObserver = Callable[[str, str], None]
 
 # context.peer() → who is behind it. Written by the fronts (pump thread, event loop), read by
 # servicers; single dict operations are atomic under the GIL.
@@ -203,6 +227,18 @@ def tls_peer(context: PeerContext) -> TlsPeer | None:
     """The TLS front's view of a TCP peer (address, client certificate); None otherwise."""
     ident = _PEERS.get(context.peer())
     return ident if isinstance(ident, TlsPeer) else None
+
+
+def peer_label(context: PeerContext) -> str:
+    """Who is calling, for logs: ``uid:N`` on the Unix socket, ``tcp:HOST`` through the TLS front,
+    else grpc's peer string without its port (per connection on the read socket: ``unix:``)."""
+    ident = _PEERS.get(context.peer())
+    if isinstance(ident, PeerCred):
+        return f"uid:{ident.uid}"
+    if isinstance(ident, TlsPeer):
+        return f"tcp:{ident.address.rpartition(':')[0]}"
+    peer = context.peer()
+    return peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
 
 
 def authorize_apply(context: PeerContext, allowed_group: str | None) -> str | None:
@@ -305,10 +341,12 @@ def _reason(exc: BaseException) -> str:
 
 
 def prepare_local(server: grpc.aio.Server, socket_path: str, mode: int, group: str | None,
-                  *, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Front:
+                  *, max_connections: int = DEFAULT_MAX_CONNECTIONS, limits: ConnectionLimits | None = None,
+                  observer: ConnectionObserver | None = None) -> Front:
     """A front for ``server`` with its Unix listener bound: call before ``server.start()``, then
     ``await front.start()`` after it. The private upstream directory sits beside the socket."""
-    front = Front(server, os.path.dirname(os.path.abspath(socket_path)), max_connections=max_connections)
+    front = Front(server, os.path.dirname(os.path.abspath(socket_path)), max_connections=max_connections,
+                  limits=limits, observer=observer)
     try:
         front.listen_unix(socket_path, mode, group)
     except BaseException:
@@ -323,10 +361,13 @@ class Front:
     stop()`` after ``server.stop()`` so answers in flight still reach their clients."""
 
     def __init__(self, server: grpc.aio.Server, runtime_dir: str | None = None,
-                 *, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 *, max_connections: int = DEFAULT_MAX_CONNECTIONS, limits: ConnectionLimits | None = None,
+                 observer: ConnectionObserver | None = None) -> None:
         if max_connections < 1:
             raise TransportError(f"max_connections must be positive, not {max_connections}")
-        self._max = max_connections
+        self._limits = limits or ConnectionLimits(max_connections=max_connections)
+        self._observer = observer
+        self._apply_group: str | None = None
         self.unix_path: str | None = None
         self.tcp_ports: list[int] = []
         self._unix_listener: socket.socket | None = None
@@ -372,6 +413,7 @@ class Front:
         if self._unix_listener is not None:
             raise TransportError("this front already has a Unix socket")
         gid, self._lock_fd = _claim_socket_path(path, mode, group)
+        self._apply_group = group
         _remove_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -451,7 +493,8 @@ class Front:
         if self._direct is not None:
             self._direct.publish()
         if self._unix_listener is not None or self._tcp_listeners:
-            self._pump = _Pump(self._unix_listener, self._tcp_listeners, self.upstream_path, self._max)
+            self._pump = _Pump(self._unix_listener, self._tcp_listeners, self.upstream_path, self._limits,
+                               self._apply_group, self._observer)
             self._pump.start()
 
     async def stop(self) -> None:
@@ -532,6 +575,10 @@ class _Direct:
             self.lock_fd = None
 
 
+def _address_host(addr: object) -> str:
+    return str(addr[0]) if isinstance(addr, tuple) and addr else "?"
+
+
 def _tls_identity(cert: Mapping[str, object] | None, addr: object) -> TlsPeer:
     host, port = (addr[0], addr[1]) if isinstance(addr, tuple) and len(addr) >= 2 else ("?", 0)
     address = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
@@ -568,6 +615,22 @@ def _lock(path: str) -> int:
         os.close(fd)
         raise SocketInUseError(f"{path}: another memtopo agent holds this socket's lock") from None
     return fd
+
+
+def ensure_socket_free(path: str) -> None:
+    """Raise :class:`SocketInUseError` when a live agent holds the lock of the socket at ``path``.
+    A check before start-up, for a clear message; the lock taken when listening is what guards."""
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return  # no lock file (or unreadable): listening will tell
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise SocketInUseError(f"{path}: another memtopo agent is running on this socket "
+                               f"(it holds {path}.lock); stop it first") from None
+    finally:
+        os.close(fd)
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -698,10 +761,15 @@ class _Flow:
 
 
 class _Pair:
-    __slots__ = ("client", "client_fd", "key", "masks", "to_client", "to_upstream", "upstream", "upstream_fd")
+    __slots__ = ("client", "client_fd", "key", "last", "masks", "privileged", "to_client", "to_upstream", "uid",
+                 "upstream", "upstream_fd")
 
-    def __init__(self, key: str, client: socket.socket, upstream: socket.socket, pool: _PipePool) -> None:
+    def __init__(self, key: str, client: socket.socket, upstream: socket.socket, pool: _PipePool,
+                 uid: int, privileged: bool) -> None:
         self.key = key
+        self.uid = uid
+        self.privileged = privileged
+        self.last = time.monotonic()  # of the last byte moved
         self.client = client
         self.client_fd = client.fileno()
         self.upstream = upstream
@@ -722,11 +790,18 @@ class _Pump:
     bytes relayed by this thread with splice. TLS connections: each gets a thread (_TlsConnection)."""
 
     def __init__(self, unix: socket.socket | None, tcp: list[tuple[socket.socket, ssl.SSLContext]],
-                 upstream_path: str, max_connections: int) -> None:
+                 upstream_path: str, limits: ConnectionLimits, apply_group: str | None = None,
+                 observer: ConnectionObserver | None = None) -> None:
         self._unix = unix
         self._tcp = {sock.fileno(): (sock, ctx) for sock, ctx in tcp}
         self._upstream_path = upstream_path
-        self._max = max_connections
+        self._limits = limits
+        self._apply_group = apply_group
+        self._observer = observer
+        self._by_uid: dict[int, int] = {}  # open Unix connections per uid
+        self._unprivileged = 0  # open connections of peers that may not apply (TLS included)
+        self._refusals = Throttle()
+        self._last_sweep = time.monotonic()
         self._epoll = select.epoll()
         self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._pairs: dict[int, _Pair] = {}  # both fds of a pair → the pair
@@ -773,6 +848,8 @@ class _Pump:
 
     def tls_done(self, conn: _TlsConnection) -> None:
         with self._tls_lock:
+            if conn in self._tls:
+                self._unprivileged -= 1
             self._tls.discard(conn)
         if not self._accepting:
             self.wake()  # a descriptor is free again
@@ -780,8 +857,12 @@ class _Pump:
     def _run(self) -> None:
         unix_fd = self._unix.fileno() if self._unix is not None else -1
         try:
+            idle = self._limits.idle_seconds
+            # Idle connections are looked for a few times per idle period (at least once a second).
+            sweep = None if idle is None else min(1.0, idle / 4)
             while not self._stopping:
-                for fd, events in self._epoll.poll():
+                timeout = -1.0 if sweep is None or not self._pairs else sweep
+                for fd, events in self._epoll.poll(timeout):
                     if fd == unix_fd:
                         self._accept(self._unix, None)
                     elif fd in self._tcp:
@@ -791,6 +872,8 @@ class _Pump:
                         self._set_accepting(True)
                     else:
                         self._service(fd, events)
+                if idle is not None and self._pairs:
+                    self._close_idle(idle)
         except Exception:
             # A bug here would silently stop every client: say so before the thread ends.
             log.exception("front_failed")
@@ -818,24 +901,71 @@ class _Pump:
                     self._set_accepting(False)
                     return
                 continue  # ECONNABORTED and the like: that client is gone
-            if self.connections >= self._max:
-                log.warning("connection_refused", reason="max_connections", limit=self._max)
-                conn.close()
-                continue
             if tls is not None:
+                refused = self._admit(None, False)
+                if refused:
+                    self._refuse(conn, refused, f"tcp:{_address_host(addr)}")
+                    continue
                 thread = _TlsConnection(self, conn, addr, tls, self._upstream_path)
                 with self._tls_lock:
                     self._tls.add(thread)
+                    self._unprivileged += 1
                 thread.start()
                 continue
             try:
-                self._open(conn)
+                cred = socket_peer_cred(conn)
+            except OSError as exc:
+                log.warning("connection_setup_failed", error=_reason(exc))
+                conn.close()
+                continue
+            privileged = _authorize_local(cred, self._apply_group) is None
+            refused = self._admit(cred.uid, privileged)
+            if refused:
+                self._refuse(conn, refused, f"uid:{cred.uid}")
+                continue
+            try:
+                self._open(conn, cred, privileged)
             except OSError as exc:
                 log.warning("connection_setup_failed", error=_reason(exc))
                 conn.close()
 
-    def _open(self, conn: socket.socket) -> None:
-        cred = socket_peer_cred(conn)
+    def _admit(self, uid: int | None, privileged: bool) -> str:
+        """"" when a connection of ``uid`` (None: a TCP peer) may open, else the limit it hits."""
+        if uid == 0:
+            return ""
+        lim = self._limits
+        if self.connections >= lim.max_connections:
+            return "max_connections"
+        if uid is not None and lim.per_user is not None and self._by_uid.get(uid, 0) >= lim.per_user:
+            return "per_user"
+        if not privileged and self._unprivileged >= lim.max_connections - lim.reserved:
+            return "reserved"
+        return ""
+
+    def _refuse(self, conn: socket.socket, limit: str, who: str) -> None:
+        conn.close()
+        if self._observer is not None:
+            self._observer("refused", limit)
+        held_back = self._refusals.allow(f"{who}:{limit}")
+        if held_back is not None:  # one event per peer and limit per minute: the metric counts all
+            lim = self._limits
+            log.warning("connection_refused", reason=limit, peer=who, refused_since_last=held_back,
+                        max_connections=lim.max_connections, per_user=lim.per_user, reserved=lim.reserved)
+
+    def _close_idle(self, idle: float) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep < min(1.0, idle / 4):
+            return
+        self._last_sweep = now
+        stale = [p for fd, p in self._pairs.items() if fd == p.client_fd and now - p.last > idle]
+        for pair in stale:
+            self._close(pair)
+            if self._observer is not None:
+                self._observer("idle_closed", "")
+        if stale:
+            log.debug("idle_connections_closed", count=len(stale), idle_seconds=idle)
+
+    def _open(self, conn: socket.socket, cred: PeerCred, privileged: bool) -> None:
         name, key = _new_peer_name(f"u{cred.uid}.p{cred.pid}")
         # Recorded before connecting: grpc may run the first RPC as soon as the connection exists.
         _PEERS[key] = cred
@@ -846,13 +976,16 @@ class _Pump:
             up.connect(self._upstream_path)
             up.setblocking(False)
             conn.setblocking(False)
-            pair = _Pair(key, conn, up, self._pipes)
+            pair = _Pair(key, conn, up, self._pipes, cred.uid, privileged)
         except BaseException:
             _PEERS.pop(key, None)
             up.close()
             raise
         self._pairs[conn.fileno()] = pair
         self._pairs[up.fileno()] = pair
+        self._by_uid[cred.uid] = self._by_uid.get(cred.uid, 0) + 1
+        if not privileged:
+            self._unprivileged += 1
         self._rearm(pair)
 
     def _service(self, fd: int, events: int) -> None:
@@ -863,6 +996,7 @@ class _Pump:
             inbound, outbound = pair.to_upstream, pair.to_client
         else:
             inbound, outbound = pair.to_client, pair.to_upstream
+        pair.last = time.monotonic()
         try:
             if events & _READ_EVENTS:
                 inbound.fill()
@@ -901,7 +1035,16 @@ class _Pump:
             pair.masks[fd] = mask
 
     def _close(self, pair: _Pair) -> None:
+        if self._pairs.get(pair.client_fd) is not pair:
+            return  # already closed
         _PEERS.pop(pair.key, None)
+        left = self._by_uid.get(pair.uid, 0) - 1
+        if left > 0:
+            self._by_uid[pair.uid] = left
+        else:
+            self._by_uid.pop(pair.uid, None)
+        if not pair.privileged:
+            self._unprivileged -= 1
         for fd in list(pair.masks):
             self._epoll.unregister(fd)
         pair.masks.clear()

@@ -64,10 +64,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
-    from memtopo.agent.config import EXIT_CONFIG, ConfigError, load_config
+    from memtopo.agent.config import EXIT_CONFIG, ConfigError, check_host, load_config
     from memtopo.agent.daemon import Agent
     from memtopo.agent.logs import configure_logging
-    from memtopo.agent.transport import TransportError
+    from memtopo.agent.transport import SocketInUseError, TransportError, ensure_socket_free
 
     try:
         config = load_config(Path(args.config) if args.config else None)
@@ -79,15 +79,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, listen=dataclasses.replace(config.listen, socket=args.socket))
         if args.health is not None:
             config = dataclasses.replace(config, health=dataclasses.replace(config.health, listen=args.health))
+        check_host(config)
     except ConfigError as exc:
         fail(exc)
         return EXIT_CONFIG  # the unit's RestartPreventExitStatus: a bad config is not retried
+    try:
+        # Before anything listens: a second agent is told so, not that the health port is taken.
+        for path in (config.listen.socket, config.listen.read_socket):
+            if path:
+                ensure_socket_free(path)
+    except SocketInUseError as exc:
+        fail(exc)
+        return EXIT_FAILED  # not a config error: it works once the other agent stops
     configure_logging(config.log.level, config.log.format)
     sidecar = (EmbeddedController(args.with_controller, args.controller_http or None)
                if args.with_controller is not None else None)
+    agent = Agent(config, sidecar=sidecar)
+    agent.exit_on_stop_overrun = True
     try:
-        return asyncio.run(Agent(config, sidecar=sidecar).run())
-    except TransportError as exc:  # socket in use, unreadable certificate, unknown group
+        return asyncio.run(agent.run())
+    except ConfigError as exc:  # a listener the config names cannot be set up (port in use, bad path)
+        fail(exc)
+        return EXIT_CONFIG
+    except TransportError as exc:  # socket taken by another process
         fail(exc)
         return EXIT_FAILED
 

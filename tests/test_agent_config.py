@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import socket
 import tomllib
@@ -34,11 +35,12 @@ DOCS = REPO / "docs" / "config.md"
 SPEC_KEYS = {
     "node_name", "root", "state_dir",
     "listen.socket", "listen.socket_mode", "listen.socket_group", "listen.read_socket", "listen.tcp", "listen.tls_cert",
-    "listen.tls_key", "listen.tls_client_ca",
+    "listen.tls_key", "listen.tls_client_ca", "listen.max_connections", "listen.max_connections_per_user",
+    "listen.reserved_connections", "listen.idle_seconds", "listen.max_watchers", "listen.watch_stall_seconds",
     "controller.address", "controller.insecure", "controller.tls_ca", "controller.tls_cert",
     "controller.tls_key", "controller.heartbeat_seconds", "controller.backoff_initial_seconds",
     "controller.backoff_max_seconds",
-    "discovery.rescan_seconds", "discovery.debounce_seconds", "discovery.udev",
+    "discovery.rescan_seconds", "discovery.debounce_seconds", "discovery.udev", "discovery.deadline_seconds",
     "health.listen",
     "apply.cgroup_prefixes", "apply.irqbalance", "apply.allow_init", "apply.allow_kernel_threads",
     "apply.allow_self", "apply.cgroup_version",
@@ -263,6 +265,17 @@ REJECTED = [
     ("[discovery]\nrescan_seconds = nan", "discovery.rescan_seconds", "finite"),
     ("[discovery]\ndebounce_seconds = -0.1", "discovery.debounce_seconds", "≥ 0"),
     ("[discovery]\nudev = 1", "discovery.udev", "expected true or false, got integer"),
+    ("[controller]\nheartbeat_seconds = 1e-300", "controller.heartbeat_seconds", "must be 0.1-3600 seconds"),
+    ("[discovery]\ndebounce_seconds = 1e308", "discovery.debounce_seconds", "must be 0 or 0.001-600 seconds"),
+    ("[discovery]\nrescan_seconds = 1e9", "discovery.rescan_seconds", "must be 1-86400 seconds"),
+    ("[discovery]\ndeadline_seconds = 0", "discovery.deadline_seconds", "> 0"),
+    ("[controller]\nbackoff_initial_seconds = 1e-9", "controller.backoff_initial_seconds", "must be 0.01-3600"),
+    ("[listen]\nidle_seconds = 0.001", "listen.idle_seconds", "must be 1-86400 seconds"),
+    ("[listen]\nwatch_stall_seconds = 1e30", "listen.watch_stall_seconds", "must be 1-3600 seconds"),
+    ("[listen]\nmax_connections = 0", "listen.max_connections", "must be 1-65536"),
+    ("[listen]\nmax_connections_per_user = 1e3", "listen.max_connections_per_user", "expected an integer"),
+    ("[listen]\nmax_watchers = 100000", "listen.max_watchers", "must be 1-65536"),
+    ("[listen]\nreserved_connections = 128", "listen.reserved_connections", "leaves no connection"),
     ("[discovery]\nrescan_seconds = 1979-05-27T07:32:00Z", "discovery.rescan_seconds", "got datetime"),
     ('[health]\nlisten = "localhost"', "health.listen", "expected HOST:PORT"),
     ('[apply]\ncgroup_prefixes = "memtopo"', "apply.cgroup_prefixes", "expected an array of strings"),
@@ -326,6 +339,32 @@ def test_load_config_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(bad)
     assert str(info.value) == f"{bad}: discovery.rescan_seconds: {info.value.reason}"
+
+
+def test_load_config_refuses_what_is_not_a_regular_file_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    with pytest.raises(ConfigError, match=r"not a regular file \(a FIFO\)"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match=r"not a regular file \(a directory\)"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"not a regular file \(a character device\)"):
+        load_config(Path("/dev/zero"))  # endless: never read
+
+
+def test_check_host_names_the_key(tmp_path: Path) -> None:
+    cfg = parse_config(f'state_dir = "{tmp_path / "state"}"\n[listen]\nsocket_group = "memtopo-none-such"', "t")
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_host(cfg)
+    assert info.value.key == "listen.socket_group" and "does not exist" in info.value.reason
+    (tmp_path / "file").write_text("")
+    cfg = parse_config(f'state_dir = "{tmp_path / "file" / "state"}"', "t")
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_host(cfg)
+    assert info.value.key == "state_dir" and "not a writable directory" in info.value.reason
+    good = parse_config(f'state_dir = "{tmp_path / "state"}"\n[listen]\nsocket_group = "0"', "t")
+    cfgmod.check_host(good)
+    assert (tmp_path / "state").is_dir() and not list((tmp_path / "state").iterdir())
 
 
 def test_load_config_checks_tls_files_are_readable(tmp_path: Path) -> None:
@@ -427,6 +466,9 @@ _PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "controller.tls_key": _paths, "controller.heartbeat_seconds": _seconds,
     "controller.backoff_initial_seconds": _seconds, "controller.backoff_max_seconds": _seconds,
     "discovery.rescan_seconds": _seconds, "discovery.debounce_seconds": _seconds, "discovery.udev": st.booleans(),
+    "discovery.deadline_seconds": _seconds, "listen.idle_seconds": _seconds, "listen.watch_stall_seconds": _seconds,
+    "listen.max_connections": st.integers(0, 70000), "listen.max_connections_per_user": st.integers(0, 70000),
+    "listen.reserved_connections": st.integers(-1, 70000), "listen.max_watchers": st.integers(0, 70000),
     "health.listen": _listen_addr,
     "apply.cgroup_prefixes": st.lists(st.sampled_from(["memtopo", "jobs/ai", "/x/"]), max_size=3),
     "apply.irqbalance": st.sampled_from(["leave", "ban", "stop"]), "apply.allow_init": st.booleans(),
@@ -470,6 +512,12 @@ def test_any_schema_shaped_toml_gives_config_or_config_error(entries: dict[str, 
     # Whatever was accepted satisfies the invariants the daemon relies on.
     assert cfg.controller.backoff_max_seconds >= cfg.controller.backoff_initial_seconds > 0
     assert cfg.discovery.rescan_seconds > 0 and cfg.discovery.debounce_seconds >= 0
+    # Every duration within its bounds (0 only for the debounce): no timer spins or never fires.
+    for key, (low, high) in cfgmod.DURATION_BOUNDS.items():
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name)
+        assert low <= value <= high or (key == "discovery.debounce_seconds" and value == 0), key
+    assert 0 <= cfg.listen.reserved_connections < cfg.listen.max_connections
     assert cfg.listen.socket or cfg.listen.tcp
     assert not cfg.listen.tcp or (cfg.listen.tls_cert and cfg.listen.tls_key)
     assert not (cfg.controller.insecure and cfg.controller.address) or is_loopback(cfg.controller.address)

@@ -9,6 +9,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -337,3 +338,98 @@ def test_liveness_needs_a_positive_limit() -> None:
         LoopLiveness(0)
     with pytest.raises(ValueError, match="positive"):
         LoopLiveness(float("nan"))
+
+
+def _hold(srv: HealthServer, count: int, partial: bytes = b"") -> list[socket.socket]:
+    held = []
+    for _ in range(count):
+        s = socket.create_connection((srv.host, srv.port), timeout=5)
+        if partial:
+            s.sendall(partial)
+        held.append(s)
+    return held
+
+
+def test_idle_and_slow_connections_cost_no_thread(server: HealthServer, source: Source) -> None:
+    """Slow clients (a request head never finished) and idle keep-alive clients: one thread serves
+    them all, and a probe is still answered. The old server spent a thread on each."""
+    source.liveness.tick()
+    threads_before = threading.active_count()
+    held = _hold(server, 100, b"GET /healthz HTTP/1.1\r\nHost: x\r\n") + _hold(server, 100)
+    try:
+        deadline = time.monotonic() + 30
+        while server.connections < 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.connections == 200
+        assert threading.active_count() <= threads_before + 1
+        assert request(server, "/healthz").status == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_full_server_closes_the_oldest_connection_for_a_new_one(source: Source) -> None:
+    source.liveness.tick()
+    from memtopo.agent import health
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.setblocking(False)
+    srv = health.HealthServer(sock, source, max_connections=4)
+    try:
+        held = _hold(srv, 4, b"GET /")
+        deadline = time.monotonic() + 30
+        while srv.connections < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert request(srv, "/healthz").status == 200  # the cap is full, the probe still gets in
+        held[0].settimeout(10)
+        assert held[0].recv(100) == b""  # the oldest one was closed to make room
+        evicted = source.metrics.registry.get_sample_value("memtopo_health_connections_evicted_total")
+        assert evicted is not None and evicted >= 1
+        for s in held:
+            s.close()
+    finally:
+        srv.stop()
+
+
+def test_a_connection_that_never_finishes_its_request_is_closed(source: Source) -> None:
+    from memtopo.agent import health
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.setblocking(False)
+    srv = health.HealthServer(sock, source, idle_seconds=0.2)
+    try:
+        s = socket.create_connection((srv.host, srv.port), timeout=30)
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")
+        assert s.recv(100) == b""  # closed, without an answer
+        s.close()
+    finally:
+        srv.stop()
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(server: HealthServer, source: Source) -> None:
+    source.liveness.tick()
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    try:
+        for path in ("/healthz", "/readyz", "/metrics", "/healthz"):
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status in (200, 503)
+        assert server.connections == 1
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("head", [b"GARBAGE\r\n\r\n", b"GET / HTTP/9\r\n\r\n", b"GET /healthz HTTP/1.1\r\n"
+                                  + b"X: " + b"a" * 20000 + b"\r\n\r\n"])
+def test_malformed_requests_get_an_error_and_a_close(server: HealthServer, head: bytes) -> None:
+    s = socket.create_connection((server.host, server.port), timeout=10)
+    try:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        assert data.startswith((b"HTTP/1.1 400", b"HTTP/1.1 431"))
+    finally:
+        s.close()
+    assert request(server, "/healthz").status in (200, 503)

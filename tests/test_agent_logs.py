@@ -187,3 +187,18 @@ def test_any_event_and_fields_give_exactly_one_line_that_round_trips(event: str,
     (parsed,) = lines(out)
     parsed.pop("timestamp")
     assert parsed == {"level": "info", "event": event, **fields}
+
+
+def test_throttle_allows_one_event_per_key_per_interval_and_counts_the_rest() -> None:
+    from memtopo.agent.logs import Throttle
+
+    now = [0.0]
+    t = Throttle(interval=60.0, max_keys=2, clock=lambda: now[0])
+    assert t.allow("a") == 0
+    assert [t.allow("a") for _ in range(5)] == [None] * 5
+    assert t.allow("b") == 0  # keys are independent
+    now[0] = 61.0
+    assert t.allow("a") == 5  # the next event carries what was held back
+    assert t.allow("a") is None
+    assert t.allow("c") == 0  # a third key evicts the oldest ("b")
+    assert t.allow("b") == 0

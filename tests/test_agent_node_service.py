@@ -195,3 +195,85 @@ def test_apply_plan_refuses_unauthorized_peers_and_stale_generations(tmp_path: P
 
     (tmp_path / "b").mkdir()
     run(tmp_path / "b", stale)
+
+
+def test_a_watcher_that_stops_reading_is_ended_and_never_queued_for(tmp_path: Path) -> None:
+    """A client that opens WatchTopology and never reads: the event that cannot leave ends the
+    stream after stall_seconds (its memory is freed), and the watcher slot is given back."""
+    events: list[str] = []
+
+    async def main() -> None:
+        m = fk.machine(tmp_path)
+        state = TopologyState()
+        service = NodeAgentService(state, PlanRunner(m.engine()), lambda ctx: None, heartbeat_seconds=30.0,
+                                   max_watchers=1, stall_seconds=1.0,
+                                   events=lambda what, method, ctx: events.append(what))
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((service.handler(),))
+        sock = tmp_path / "agent.sock"
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        big = "x" * (4 << 20)  # larger than any flow-control window: the write must wait for the reader
+        state.publish(topo(big, "a" * 64))
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+                stub = agent_pb2_grpc.NodeAgentStub(channel)
+                stalled = stub.WatchTopology(apb.WatchTopologyRequest())
+                await stalled.wait_for_connection()
+                for _ in range(1200):  # up to a minute on a busy machine; 1 s when idle
+                    if "watch_stalled" in events:
+                        break
+                    await asyncio.sleep(0.05)
+                assert events == ["watch_stalled"]
+                assert service.watchers == 0
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in stalled:
+                        pass
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                # The slot is free again: a reading watcher gets the newest generation.
+                state.publish(topo("small", "b" * 64))
+                fresh = stub.WatchTopology(apb.WatchTopologyRequest())
+                first = await fresh.read()
+                assert isinstance(first, apb.TopologyEvent) and first.generation == 2
+                fresh.cancel()
+        finally:
+            state.close()
+            await server.stop(0.5)
+
+    asyncio.run(main())
+
+
+def test_garbage_requests_are_invalid_argument_and_reported_once_each(tmp_path: Path) -> None:
+    events: list[tuple[str, str]] = []
+
+    async def main() -> None:
+        m = fk.machine(tmp_path)
+        state = TopologyState()
+        service = NodeAgentService(state, PlanRunner(m.engine()), lambda ctx: None,
+                                   events=lambda what, method, ctx: events.append((what, method)))
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((service.handler(),))
+        sock = tmp_path / "agent.sock"
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        state.publish(topo("n", "a" * 64))
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+                for method in ("GetTopology", "ApplyPlan", "GetPlanResult", "ListPlans", "WatchTopology"):
+                    path = f"/memtopo.v1.NodeAgent/{method}"
+                    garbage = b"\x0a\xff\xff\xff\xff\x0f"
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        if method == "WatchTopology":
+                            stream: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(path)
+                            await stream(garbage, timeout=10).read()
+                        else:
+                            unary: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(path)
+                            await unary(garbage, timeout=10)
+                    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        finally:
+            state.close()
+            await server.stop(0.5)
+
+    asyncio.run(main())
+    assert events == [("undecodable", m) for m in ("GetTopology", "ApplyPlan", "GetPlanResult", "ListPlans",
+                                                   "WatchTopology")]

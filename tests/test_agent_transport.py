@@ -18,8 +18,10 @@ import shutil
 import socket
 import stat
 import struct
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,14 +105,17 @@ class Running:
 @contextlib.asynccontextmanager
 async def serving(sock_path: str | None, *, mode: int = 0o660, group: str | None = None,
                   allowed_group: str | None = None, tcp: Any = None, native: Mapping[str, Any] | None = None,
-                  max_connections: int = transport.DEFAULT_MAX_CONNECTIONS) -> AsyncIterator[Running]:
+                  max_connections: int = transport.DEFAULT_MAX_CONNECTIONS,
+                  limits: transport.ConnectionLimits | None = None,
+                  observer: transport.ConnectionObserver | None = None) -> AsyncIterator[Running]:
     probe = Probe(allowed_group)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((probe.handler(),))
     if sock_path is not None:
-        front = transport.prepare_local(server, sock_path, mode, group, max_connections=max_connections)
+        front = transport.prepare_local(server, sock_path, mode, group, max_connections=max_connections,
+                                        limits=limits, observer=observer)
     else:
-        front = transport.Front(server, max_connections=max_connections)
+        front = transport.Front(server, max_connections=max_connections, limits=limits, observer=observer)
     if tcp is not None:
         front.listen_tcp("127.0.0.1:0", tcp)
     ports = {}
@@ -623,22 +628,161 @@ def test_relay_is_byte_exact_under_backpressure_both_ways(sockdir: str) -> None:
     asyncio.run(main())
 
 
+HOLD = r"""
+import json, os, socket, sys
+a = json.loads(sys.argv[1])
+os.setgroups(a["groups"]); os.setgid(a["gid"]); os.setuid(a["uid"])
+socks = []
+for _ in range(a["count"]):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(a["path"])
+    socks.append(s)
+
+def is_open(s):
+    # grpc speaks first (its SETTINGS frame): read what is there; the end of the stream = closed.
+    s.setblocking(False)
+    try:
+        while s.recv(65536):
+            pass
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+def still_open():
+    return sum(1 for s in socks if is_open(s))
+
+print("connected", flush=True)
+for line in sys.stdin:  # each line asks how many are still open; the end of input lets them go
+    print(json.dumps(still_open()), flush=True)
+"""
+
+
+class Holder:
+    """A process of another user holding ``count`` raw connections to a Unix socket (a local user
+    trying to lock others out). ``open()`` asks it how many the server has left open."""
+
+    def __init__(self, path: str, count: int, *, uid: int = NOBODY, gid: int = NOBODY,
+                 groups: Iterable[int] = ()) -> None:
+        args = {"path": path, "count": count, "uid": uid, "gid": gid, "groups": list(groups)}
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, json.dumps(args)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self._line() == "connected"
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read() if self.proc.stderr else ""
+        return line.strip()
+
+    def open(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("check\n")
+        self.proc.stdin.flush()
+        return int(self._line())
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def settles_at(observe: Callable[[], Any], want: Any, timeout: float = 30.0) -> None:
+    """``observe()`` reaches ``want`` and still shows it a moment later. Refusals and closes happen
+    as the server gets to them: a busy machine is slower, never different."""
+    deadline = time.monotonic() + timeout
+    got = observe()
+    while time.monotonic() < deadline:
+        if got == want:
+            time.sleep(0.3)
+            got = observe()
+            if got == want:
+                return
+        time.sleep(0.1)
+        got = observe()
+    raise AssertionError(f"settled at {got!r}, not {want!r}")
+
+
 def test_connection_limit(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
-
-    own = OWN_CONNECTION
+    limits = transport.ConnectionLimits(max_connections=1)
 
     async def main() -> None:
-        async with serving(path, max_connections=1) as running:
-            async with grpc.aio.insecure_channel(f"unix:{path}", options=own) as first:
-                assert await ok(first, "Read") == PAYLOAD
-                async with grpc.aio.insecure_channel(f"unix:{path}", options=own) as second:
-                    code, _ = await refused(second, "Read")
-                    assert code == "UNAVAILABLE"
-                assert await ok(first, "Read") == PAYLOAD  # the first is untouched
+        async with serving(path, mode=0o666, limits=limits) as running:
+            other = await asyncio.to_thread(Holder, path, 3)
+            try:
+                await asyncio.to_thread(settles_at, other.open, 1)  # the cap, for everyone but root
+                async with grpc.aio.insecure_channel(f"unix:{path}", options=OWN_CONNECTION) as root:
+                    assert await ok(root, "Read") == PAYLOAD  # root is never refused by it
+            finally:
+                other.close()
             await _settle(lambda: running.front.connections == 0)
-            async with grpc.aio.insecure_channel(f"unix:{path}") as third:
-                assert await ok(third, "Read") == PAYLOAD  # a freed slot is reused
+            again = await asyncio.to_thread(Holder, path, 1)
+            try:
+                await asyncio.to_thread(settles_at, again.open, 1)  # a freed slot is reused
+            finally:
+                again.close()
+
+    asyncio.run(main())
+
+
+def test_no_user_can_lock_root_or_the_socket_group_out(sockdir: str) -> None:
+    """Per-user caps and a reserve: nobody holding every connection it can get, and a second
+    unprivileged user, leave the socket group its reserved slots and root its calls."""
+    path = os.path.join(sockdir, "agent.sock")
+    group, gid = _other_group()
+    limits = transport.ConnectionLimits(max_connections=12, per_user=4, reserved=6)
+
+    async def main() -> None:
+        async with serving(path, mode=0o666, group=group, allowed_group=group, limits=limits) as running:
+            hogs = [await asyncio.to_thread(Holder, path, 10),
+                    await asyncio.to_thread(Holder, path, 10, uid=NOBODY - 1, gid=NOBODY - 1)]
+            try:
+                # 4 per user, 12 - 6 = 6 for both together
+                await asyncio.to_thread(settles_at, lambda: sorted(h.open() for h in hogs), [2, 4])
+                member = await asyncio.to_thread(Holder, path, 10, uid=NOBODY - 2, gid=NOBODY - 2, groups=[gid])
+                try:
+                    # the group gets in: its own per-user cap
+                    await asyncio.to_thread(settles_at, member.open, 4)
+                    async with grpc.aio.insecure_channel(f"unix:{path}", options=OWN_CONNECTION) as root:
+                        assert await ok(root, "Read") == PAYLOAD
+                        assert await ok(root, "Apply") == b"applied"
+                    member_apply = await as_user(path, uid=NOBODY - 3, gid=NOBODY - 3, groups=[gid],
+                                                 methods=("Apply",))
+                    assert member_apply["Apply"] == "applied"  # a second member: reserved slots left
+                finally:
+                    member.close()
+            finally:
+                for h in hogs:
+                    h.close()
+            await _settle(lambda: running.front.connections == 0)
+
+    asyncio.run(main())
+
+
+def test_idle_connections_are_closed(sockdir: str) -> None:
+    path = os.path.join(sockdir, "agent.sock")
+    seen: list[tuple[str, str]] = []
+    limits = transport.ConnectionLimits(idle_seconds=1.0)
+
+    async def main() -> None:
+        async with serving(path, mode=0o666, limits=limits, observer=lambda e, r: seen.append((e, r))) as running:
+            holder = await asyncio.to_thread(Holder, path, 5)
+            try:
+                await _settle(lambda: running.front.connections == 5)
+                await asyncio.to_thread(settles_at, holder.open, 0)
+            finally:
+                holder.close()
+            await _settle(lambda: running.front.connections == 0)
+            async with grpc.aio.insecure_channel(f"unix:{path}") as ch:
+                assert await ok(ch, "Read") == PAYLOAD  # a live client is served (and not cut mid-call)
+        assert seen.count(("idle_closed", "")) == 5
 
     asyncio.run(main())
 
