@@ -20,6 +20,7 @@ import functools
 import os
 import stat
 import struct
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ _READ_CHUNK = 1 << 16
 RECORD_CHUNK = 1 << 14
 # Symlinks followed in one lookup before it is refused (the kernel's own MAXSYMLINKS).
 MAX_SYMLINKS = 40
+_TREE_CHECK_LOCK = threading.Lock()
 
 _O_PATH = getattr(os, "O_PATH", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
@@ -181,6 +183,26 @@ class HostFS:
         weakref.finalize(self, os.close, fd)
         return fd
 
+    @property
+    def tree_problems(self) -> tuple[str, ...]:
+        """check_tree of a captured root, made once per HostFS, on first use (a root is checked when
+        it is opened, as a tarball's members are when it is extracted); the live root has none."""
+        found: tuple[str, ...] | None = self.__dict__.get("_tree_problems")
+        if found is None:
+            with _TREE_CHECK_LOCK:  # probes on several threads ask at once: check once
+                found = self.__dict__.get("_tree_problems")
+                if found is None:
+                    found = tuple(check_tree(self.root)) if self._root_str else ()
+                    self.__dict__["_tree_problems"] = found
+        return found
+
+    @property
+    def _confined(self) -> bool:
+        """Whether lookups must be made inside the root one by one: a captured tree that holds a
+        link out of it, a FIFO, a device or an oversized file. A tree without any (every real
+        capture) is read by plain paths, which then cannot leave it, at the cost they always had."""
+        return bool(self._root_str) and bool(self.tree_problems)
+
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> HostFS:
         return cls(Path(root).absolute())
@@ -204,7 +226,7 @@ class HostFS:
     def open_fd(self, rel: str, flags: int) -> int:
         """An fd for ``rel`` opened with ``flags``; under a captured root looked up inside it.
         Raises OSError (callers turn it into HostReadError)."""
-        if not self._root_str:
+        if not self._confined:
             return os.open(self.join(rel), flags)
         rel = rel.lstrip("/")
         if ".." in rel.split("/"):
@@ -220,7 +242,7 @@ class HostFS:
 
     def _stat(self, rel: str) -> os.stat_result | None:
         try:
-            if not self._root_str:
+            if not self._confined:
                 return os.stat(self.join(rel))
             fd = self.open_fd(rel, _PATH_FLAGS)
         except (HostReadError, OSError):
@@ -244,7 +266,7 @@ class HostFS:
     def listdir(self, rel: str) -> list[str]:
         """Sorted entries of a directory; a missing directory is an empty list, not an error."""
         try:
-            if not self._root_str:
+            if not self._confined:
                 return sorted(os.listdir(self.join(rel)))
             fd = self.open_fd(rel, _DIR_FLAGS)
         except FileNotFoundError:
@@ -267,8 +289,10 @@ class HostFS:
             fd = self.open_fd(rel, _READ_FLAGS)
         except OSError as exc:
             raise HostReadError(rel, _os_reason(exc)) from exc
-        if not self._root_str:
-            return fd  # the kernel's own files: sysfs and procfs sizes say nothing (4096, 0)
+        if not self._confined:
+            # The kernel's own files (sysfs and procfs sizes say nothing: 4096, 0), or a checked
+            # tree of regular files; the read loops still stop at the limit.
+            return fd
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -352,7 +376,7 @@ class HostFS:
         """A symlink's target text, unresolved (sysfs links are relative: ``../../../devices/…``).
         Under a captured root the directory holding it is looked up inside the root."""
         try:
-            if not self._root_str:
+            if not self._confined:
                 return os.readlink(self.join(rel))
             parent, _, name = rel.strip("/").rpartition("/")
             if name in ("", ".", ".."):
@@ -371,12 +395,17 @@ class HostFS:
 
     def resolve(self, rel: str) -> str:
         """The root-relative real path of ``rel`` (it must exist), resolved inside the root."""
-        if not self._root_str:
+        if not self._confined:
             try:
                 real = os.path.realpath(self.join(rel), strict=True)
+                root = os.path.realpath(self.root)
             except OSError as exc:
                 raise HostReadError(rel, _os_reason(exc)) from exc
-            return real.lstrip("/")
+            if root == "/":
+                return real.lstrip("/")
+            if not real.startswith(root + "/"):  # a checked tree has no such link: belt and braces
+                raise HostReadError(rel, "resolves outside the root")
+            return real[len(root) + 1:]
         try:
             fd, names = _walk(self._root_fd, rel.lstrip("/"), _PATH_FLAGS)
         except OSError as exc:
@@ -392,3 +421,85 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return f"mode {mode:o}"
+
+
+# ---- a tree handed to another reader -----------------------------------------------------------------
+# hwloc reads a captured root itself (HWLOC_FSROOT), with plain opens that follow every link against
+# the real / and read FIFOs and devices as files. Before it may, the tree is checked to be one it can
+# read safely: only directories, regular files (of bounded size) and relative links whose target
+# stays strictly below the root whatever the links it passes through resolve to.
+MAX_TREE_ENTRIES = 1_000_000
+MAX_TREE_FILE_BYTES = 64 << 20
+_PROBLEMS_KEPT = 5
+
+
+def check_tree(root: Path, max_entries: int = MAX_TREE_ENTRIES,
+               max_file_bytes: int = MAX_TREE_FILE_BYTES) -> list[str]:
+    """What makes the tree under ``root`` unsafe to hand to a reader that follows links, opens
+    FIFOs and reads files whole: the first few entries (root-relative, quoted), and how many more.
+    Empty when it is safe."""
+    problems: list[str] = []
+    more = 0
+    seen = 0
+    pending: list[tuple[str, int]] = [("", 0)]
+    base = str(root)
+
+    def problem(rel: str, why: str) -> None:
+        nonlocal more
+        if len(problems) < _PROBLEMS_KEPT:
+            problems.append(f"{excerpt(rel, 120)}: {why}")
+        else:
+            more += 1
+
+    while pending:
+        rel_dir, depth = pending.pop()
+        try:
+            it = os.scandir(f"{base}/{rel_dir}" if rel_dir else base)
+        except OSError as exc:
+            problem(rel_dir or ".", _os_reason(exc))
+            continue
+        with it:
+            for entry in it:
+                seen += 1
+                if seen > max_entries:
+                    problems.append(f"more than {max_entries} entries")
+                    return problems
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                try:
+                    if entry.is_symlink():
+                        why = _link_problem(os.readlink(entry.path), depth)
+                        if why:
+                            problem(rel, why)
+                    elif entry.is_dir(follow_symlinks=False):
+                        pending.append((rel, depth + 1))
+                    elif entry.is_file(follow_symlinks=False):
+                        size = entry.stat(follow_symlinks=False).st_size
+                        if size > max_file_bytes:
+                            problem(rel, f"larger than {max_file_bytes} bytes ({size})")
+                    else:
+                        problem(rel, f"not a regular file ({_kind(entry.stat(follow_symlinks=False).st_mode)})")
+                except OSError as exc:
+                    problem(rel, _os_reason(exc))
+    if more:
+        problems.append(f"and {more} more")
+    return problems
+
+
+def _link_problem(target: str, depth: int) -> str | None:
+    """Why a link in a directory ``depth`` levels below the root may lead out of it, or None.
+
+    Safe: relative, its ``..`` all leading and fewer than ``depth`` (so it lands strictly below the
+    root), then only downward names. Every link passed on the way is held to the same rule, so no
+    walk through links climbs out; sysfs's own links (``../../../devices/pci0000:00/…``) are this form.
+    """
+    if target.startswith("/"):
+        return f"absolute link to {excerpt(target, 80)}"
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    up = 0
+    while up < len(parts) and parts[up] == "..":
+        up += 1
+    if ".." in parts[up:]:
+        return f"link {excerpt(target, 80)} climbs after descending"
+    if up > depth or (up == depth and up == len(parts)):
+        return f"link {excerpt(target, 80)} leaves the root"
+    return None

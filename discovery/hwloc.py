@@ -794,6 +794,11 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
     if src.kind == "fsroot" and not os.path.isdir(src.path):
         status.unavailable(f"hwloc root {src.path}: not a directory")
         return ProbeResult(EMPTY, status.finish())
+    if src.kind == "fsroot" and (unsafe := ctx.fs.tree_problems):
+        # hwloc opens what it finds with plain opens: a link out of the root, a FIFO or a device
+        # would be read as the host's file, block it, or never end. It never sees such a tree.
+        status.unavailable(f"hwloc not run on this root: {'; '.join(unsafe)}")
+        return ProbeResult(EMPTY, status.finish())
 
     with _LOAD_LOCK:
         try:

@@ -78,6 +78,7 @@ from typing import Any, Protocol
 
 from discovery import sysfs_numa
 from discovery.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist
+from discovery.excerpt import excerpt
 from discovery.hostfs import HostReadError
 from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysNuma
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
@@ -172,7 +173,7 @@ def parse_numa_status(text: str) -> NumaStatus:
         key, colon, value = line.partition(":")
         key, value = key.strip(), value.strip()
         if not colon or not key or not value:
-            raise NvidiaParseError(f"not a 'Key: value' line: {line[:60]!r}")
+            raise NvidiaParseError(f"not a 'Key: value' line: {excerpt(line, 60)}")
         if key in fields:
             raise NvidiaParseError(f"{key} given twice")
         fields[key] = value
@@ -181,10 +182,10 @@ def parse_numa_status(text: str) -> NumaStatus:
     node_s = fields["Node"]
     digits = node_s.removeprefix("-")
     if not (digits.isascii() and digits.isdigit()) or int(node_s) < -1 or int(node_s) >= MAX_ID:
-        raise NvidiaParseError(f"Node is not a node id: {node_s[:40]!r}")
+        raise NvidiaParseError(f"Node is not a node id: {excerpt(node_s)}")
     status = fields["Status"]
     if not _STATUS_WORD.fullmatch(status):
-        raise NvidiaParseError(f"Status is not a state word: {status[:40]!r}")
+        raise NvidiaParseError(f"Status is not a state word: {excerpt(status)}")
     node = int(node_s)
     return NumaStatus(None if node < 0 else node, status,
                       _hex_field(fields, "Address"), _hex_field(fields, "Size"))
@@ -195,7 +196,7 @@ def _hex_field(fields: Mapping[str, str], key: str) -> int | None:
     if value is None:
         return None
     if len(value) > 16 or not _HEX_DIGITS.issuperset(value):
-        raise NvidiaParseError(f"{key} is not a 64-bit hex number: {value[:40]!r}")
+        raise NvidiaParseError(f"{key} is not a 64-bit hex number: {excerpt(value)}")
     return int(value, 16)
 
 
@@ -832,7 +833,7 @@ def _query_device(api: NvmlApi, i: int, sb: StatusBuilder, max_nodes: int, max_c
     if bus is not None:
         gpu.bdf = normalize_bdf(bus) or ""
         if not gpu.bdf:
-            sb.problem(f"GPU {i}: {CALLS['pci_bus_id']}: not a PCI address: {bus[:40]!r}")
+            sb.problem(f"GPU {i}: {CALLS['pci_bus_id']}: not a PCI address: {excerpt(bus)}")
     gpu.memory_bytes = ask("memory_total", lambda: api.memory_total(i)) or 0
     numa_id = ask("numa_node_id", lambda: api.numa_node_id(i))
     gpu.numa_node_id = numa_id if numa_id is not None and numa_id >= 0 else None

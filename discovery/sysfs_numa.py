@@ -6,6 +6,7 @@ huge pages. Per-CPU topology is hwloc's job; nothing here reads ``cpuN/`` direct
 
 from __future__ import annotations
 
+from discovery.excerpt import excerpt
 from discovery.hostfs import HostReadError
 from discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
@@ -66,7 +67,7 @@ def _read_uint(ctx: ProbeContext, rel: str) -> int:
     """A decimal attribute. Stricter than int(), which also takes "+1", "1_0" and non-ASCII digits."""
     text = ctx.fs.read_attr(rel)
     if not (text.isdigit() and text.isascii()):
-        raise HostReadError(rel, f"not an unsigned integer: {text[:40]!r}")
+        raise HostReadError(rel, f"not an unsigned integer: {excerpt(text)}")
     return int(text)
 
 
@@ -158,7 +159,7 @@ def _parse_meminfo(ctx: ProbeContext, sb: StatusBuilder, rel: str, *, node_prefi
             continue
         value = parts[key_at + 1]
         if not value.isdigit() or not value.isascii():
-            sb.problem(HostReadError(rel, f"{key} is not a number: {value[:40]!r}"))
+            sb.problem(HostReadError(rel, f"{key} is not a number: {excerpt(value)}"))
             found[key] = 0
         else:
             found[key] = int(value) * 1024
@@ -183,7 +184,7 @@ def _distance_row(ctx: ProbeContext, sb: StatusBuilder, rel: str, ncols: int) ->
     except ValueError:
         row = None
     if row is None or (row and min(row) < 0):
-        sb.problem(HostReadError(rel, f"not a row of integers: {text.strip()[:60]!r}"))
+        sb.problem(HostReadError(rel, f"not a row of integers: {excerpt(text.strip(), 60)}"))
         return ()
     if len(row) != ncols:
         # Columns map to the online nodes by position; a row of another length cannot be placed.

@@ -11,6 +11,7 @@ import dataclasses
 import posixpath
 
 from discovery.cpulist import CpuListError, parse_cpulist, parse_mask
+from discovery.excerpt import excerpt
 from discovery.hostfs import HostFS, HostReadError
 from discovery.parts import Ids, MdevInfo, PciInfo, SysPci
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
@@ -269,7 +270,7 @@ def _uevent_ids(rd: AttrReader, base: str) -> dict[str, int | str]:
             elif key == "DRIVER":
                 out["driver"] = value
         except ValueError:
-            rd.sb.problem(f"{base}/uevent: malformed {key}={value[:40]!r}")
+            rd.sb.problem(f"{base}/uevent: malformed {key}={excerpt(value)}")
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from discovery.cpulist import CpuListError, parse_cpulist
+from discovery.excerpt import excerpt
 from discovery.hostfs import HostReadError
 from discovery.parts import KernelTier, SysTiers
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
@@ -58,5 +59,5 @@ def _demotion(ctx: ProbeContext, sb: StatusBuilder) -> bool | None:
         return True
     if value in ("false", "0", "n", "no", "off"):
         return False
-    sb.problem(HostReadError(DEMOTION, f"not a boolean: {text[:40]!r}"))
+    sb.problem(HostReadError(DEMOTION, f"not a boolean: {excerpt(text)}"))
     return None
