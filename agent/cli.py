@@ -48,6 +48,11 @@ def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContex
 def cmd_topo(args: argparse.Namespace) -> int:
     with context_for(args.root, args.hwloc_xml) as ctx:
         topo = discover(ctx)
+    if args.hwloc_xml is not None:
+        # The export is the whole input: one hwloc could not read is an error, not an empty machine.
+        hw = next((s for s in topo.sources if s.source == "hwloc"), None)
+        if hw is not None and hw.state == pb.SOURCE_STATE_UNAVAILABLE:
+            raise CaptureError("; ".join(hw.reasons) or f"{args.hwloc_xml}: hwloc could not read it")
     if args.root:
         topo.source_root = args.root  # the temporary extraction path means nothing to the reader
     if args.links:
