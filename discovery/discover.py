@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 
 from discovery import (
     amd,
@@ -23,27 +25,83 @@ from discovery import (
     sysfs_tiers,
 )
 from discovery.assemble import Parts, assemble
+from discovery.excerpt import excerpt
 from discovery.fingerprint import fingerprint
 from discovery.parts import AcceleratorPart, HwlocPart
 from discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State
 from memtopo.v1 import topology_pb2 as pb
 
 
+class _Lane:
+    """Runs calls one after another on a thread of its own, each waited for until a deadline. A
+    call still running at its deadline is left to finish on its own (nothing can interrupt a read
+    or a C library) and later calls get a fresh thread: one stuck probe costs its own source."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] | None = None
+
+    def call[T](self, fn: Callable[[], T], deadline_s: float) -> tuple[bool, T | None]:
+        """(True, what ``fn`` returned), or (False, None) when it ran past ``deadline_s``."""
+        box: list[T] = []
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                box.append(fn())
+            finally:
+                done.set()
+
+        if self._queue is None:
+            self._queue = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(self._queue,), name="memtopo-probe", daemon=True).start()
+        self._queue.put(job)
+        if not done.wait(deadline_s):
+            self._queue.put(None)  # the stuck thread ends once its call returns
+            self._queue = None
+            return False, None
+        return True, box[0] if box else None
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._queue = None
+
+
+def _serve(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+    while (job := jobs.get()) is not None:
+        job()
+
+
 class _Backstop:
     """Probes handle their own errors; this catches what one lets through, so a bug in one probe
-    becomes that source's degraded status instead of sinking discovery."""
+    becomes that source's degraded status instead of sinking discovery. It also bounds each probe
+    in time (``ProbeContext.deadline_s``): one that runs past it is reported and left behind."""
 
-    def __init__(self, ctx: ProbeContext) -> None:
+    def __init__(self, ctx: ProbeContext, lane: _Lane | None = None) -> None:
         self.ctx = ctx
+        self.lane = lane
         self.failures: list[SourceStatus] = []
 
-    def run[T](self, source: str, probe: Callable[[ProbeContext], ProbeResult[T]]) -> ProbeResult[T] | None:
+    def guarded[T](self, source: str, probe: Callable[[ProbeContext], ProbeResult[T]]) -> ProbeResult[T] | None:
+        """The probe in this thread, its exceptions turned into its source's status."""
         try:
             return probe(self.ctx)
         except Exception as exc:  # anything a probe lets through
-            reason = f"probe failed: {type(exc).__name__}: {exc}"
+            reason = f"probe failed: {type(exc).__name__}: {excerpt(str(exc), 200)}"
             self.failures.append(SourceStatus(source, State.DEGRADED, (reason,)))
             return None
+
+    def run[T](self, source: str, probe: Callable[[ProbeContext], ProbeResult[T]]) -> ProbeResult[T] | None:
+        if self.lane is None:
+            return self.guarded(source, probe)
+        finished, result = self.lane.call(lambda: self.guarded(source, probe), self.ctx.deadline_s)
+        if not finished:
+            self.overdue(source)
+        return result
+
+    def overdue(self, source: str) -> None:
+        self.failures.append(SourceStatus(source, State.UNAVAILABLE, (
+            f"probe did not finish within its deadline of {self.ctx.deadline_s:g} s; left running",)))
 
 
 # Vendor accelerator sources. Each runs its own tools concurrently (runner.run_all).
@@ -64,33 +122,50 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
     everything else rather than add to it. Replayed tools answer instantly and run inline.
 
     What the probes defer (see DiscoveryScope) runs when the caller closes ``scope``."""
+    started = time.perf_counter()
     ctx = dataclasses.replace(ctx, scope=scope)
-    backstop = _Backstop(ctx)
+    lane = _Lane()
+    backstop = _Backstop(ctx, lane)
     vendor_pool = ThreadPoolExecutor(max_workers=len(ACCELERATOR_PROBES)) if (
         ctx.libraries_live and ACCELERATOR_PROBES) else None
-    vendor_futures = {name: vendor_pool.submit(backstop.run, name, probe)
+    vendor_futures = {name: vendor_pool.submit(backstop.guarded, name, probe)
                       for name, probe in ACCELERATOR_PROBES} if vendor_pool else {}
     hw: list[ProbeResult[HwlocPart] | None] = []
     hw_thread: threading.Thread | None = None
-    if ctx.sysfs_available:
-        hw_thread = threading.Thread(target=lambda: hw.append(backstop.run(hwloc.SOURCE, hwloc.probe)))
-        hw_thread.start()
-    else:
-        hw.append(backstop.run(hwloc.SOURCE, hwloc.probe))
-    identity_r = backstop.run(identity.SOURCE, identity.probe)
-    numa_r = backstop.run(sysfs_numa.SOURCE, sysfs_numa.probe)
-    tiers_r = backstop.run(sysfs_tiers.SOURCE, sysfs_tiers.probe)
-    cxl_r = backstop.run(sysfs_cxl.SOURCE, sysfs_cxl.probe)
-    pci_r = backstop.run(sysfs_pci.SOURCE, sysfs_pci.probe)
-    allowed_r = backstop.run(proc_allowed.SOURCE, proc_allowed.probe)
-    vendor: dict[str, ProbeResult[AcceleratorPart] | None] = {}
-    if vendor_pool is None:
-        vendor = {name: backstop.run(name, probe) for name, probe in ACCELERATOR_PROBES}
-    if hw_thread is not None:
-        hw_thread.join()
-    if vendor_pool is not None:
-        vendor = {name: f.result() for name, f in vendor_futures.items()}
-        vendor_pool.shutdown()
+    try:
+        if ctx.sysfs_available:
+            hw_thread = threading.Thread(target=lambda: hw.append(backstop.guarded(hwloc.SOURCE, hwloc.probe)),
+                                         name="memtopo-hwloc", daemon=True)
+            hw_thread.start()
+        else:
+            hw.append(backstop.run(hwloc.SOURCE, hwloc.probe))
+        identity_r = backstop.run(identity.SOURCE, identity.probe)
+        numa_r = backstop.run(sysfs_numa.SOURCE, sysfs_numa.probe)
+        tiers_r = backstop.run(sysfs_tiers.SOURCE, sysfs_tiers.probe)
+        cxl_r = backstop.run(sysfs_cxl.SOURCE, sysfs_cxl.probe)
+        pci_r = backstop.run(sysfs_pci.SOURCE, sysfs_pci.probe)
+        allowed_r = backstop.run(proc_allowed.SOURCE, proc_allowed.probe)
+        vendor: dict[str, ProbeResult[AcceleratorPart] | None] = {}
+        if vendor_pool is None:
+            vendor = {name: backstop.run(name, probe) for name, probe in ACCELERATOR_PROBES}
+        if hw_thread is not None:
+            # Its deadline counts from its start, which was before the probes above.
+            hw_thread.join(max(0.0, ctx.deadline_s - (time.perf_counter() - started)))
+            if hw_thread.is_alive():
+                backstop.overdue(hwloc.SOURCE)
+                hw = []
+            elif not hw:
+                hw = [None]
+        if vendor_pool is not None:
+            for name, f in vendor_futures.items():
+                try:
+                    vendor[name] = f.result(timeout=max(0.0, ctx.deadline_s - (time.perf_counter() - started)))
+                except FuturesTimeout:
+                    backstop.overdue(name)
+    finally:
+        lane.close()
+        if vendor_pool is not None:
+            vendor_pool.shutdown(wait=False)
     return Parts(identity=identity_r, numa=numa_r, tiers=tiers_r, cxl=cxl_r, pci=pci_r, allowed=allowed_r,
                  hwloc=hw[0] if hw else None, accelerators={k: v for k, v in vendor.items() if v is not None},
                  extra_statuses=tuple(backstop.failures))

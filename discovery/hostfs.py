@@ -430,6 +430,10 @@ def _kind(mode: int) -> str:
 # stays strictly below the root whatever the links it passes through resolve to.
 MAX_TREE_ENTRIES = 1_000_000
 MAX_TREE_FILE_BYTES = 64 << 20
+# PCI functions a host may have: 16 PFs with 1,000 VFs each, and then some. hwloc's and our work
+# grow with each entry of the bus directory (100,000 broken entries kept hwloc busy for minutes).
+MAX_PCI_FUNCTIONS = 16_384
+DIR_LIMITS = {"sys/bus/pci/devices": MAX_PCI_FUNCTIONS}
 _PROBLEMS_KEPT = 5
 
 
@@ -458,8 +462,12 @@ def check_tree(root: Path, max_entries: int = MAX_TREE_ENTRIES,
         except OSError as exc:
             problem(rel_dir or ".", _os_reason(exc))
             continue
+        limit = DIR_LIMITS.get(rel_dir)
         with it:
-            for entry in it:
+            for count, entry in enumerate(it, 1):
+                if limit is not None and count > limit:
+                    problem(rel_dir, f"more than {limit} entries")
+                    break
                 seen += 1
                 if seen > max_entries:
                     problems.append(f"more than {max_entries} entries")
