@@ -25,10 +25,11 @@ from discovery import (
     sysfs_tiers,
 )
 from discovery.assemble import Parts, assemble
+from discovery.bounds import sanitize
 from discovery.excerpt import excerpt
 from discovery.fingerprint import fingerprint
 from discovery.parts import AcceleratorPart, HwlocPart
-from discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State
+from discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State, StatusBuilder
 from memtopo.v1 import topology_pb2 as pb
 
 
@@ -171,6 +172,67 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
                  extra_statuses=tuple(backstop.failures))
 
 
+_SCHEMA_ERRORS = (ValueError, TypeError, OverflowError)
+
+
+def assemble_checked(parts: Parts, source_root: str) -> pb.MemoryTopology:
+    """The assembly, which never fails on what a source read: values the schema cannot carry are
+    replaced and their sources degraded (discovery.bounds); should the assembly still refuse, the
+    sources are left out one at a time, in the order of _DROP_ORDER, until it does not."""
+    try:
+        return assemble(parts, source_root=source_root)
+    except _SCHEMA_ERRORS as exc:
+        first = exc
+    parts = _sanitized(parts)
+    for source in (None, *_DROP_ORDER):
+        if source is not None:
+            parts = _without(parts, source, f"left out: the topology could not hold what it read "
+                                            f"({type(first).__name__}: {excerpt(str(first), 120)})")
+        try:
+            return assemble(parts, source_root=source_root)
+        except _SCHEMA_ERRORS as exc:
+            first = exc
+    raise first
+
+
+_PART_FIELDS = ("identity", "numa", "tiers", "cxl", "pci", "allowed", "hwloc")
+# Vendors first (recorded answers are the likeliest to be odd), the kernel's own view last.
+_DROP_ORDER = ("accelerators", "hwloc", "cxl", "tiers", "pci", "allowed", "identity", "numa")
+
+
+def _degrade[T](result: ProbeResult[T], reasons: list[str], data: T) -> ProbeResult[T]:
+    st = result.status
+    state = st.state if st.state is State.UNAVAILABLE else State.DEGRADED
+    return ProbeResult(data, dataclasses.replace(st, state=state, reasons=(*st.reasons, *reasons)))
+
+
+def _sanitized(parts: Parts) -> Parts:
+    def fix[T](result: ProbeResult[T] | None) -> ProbeResult[T] | None:
+        if result is None:
+            return None
+        reasons: list[str] = []
+        data = sanitize(result.data, "", reasons.append)
+        if len(reasons) > StatusBuilder.MAX_REASONS:
+            reasons[StatusBuilder.MAX_REASONS:] = [f"and {len(reasons) - StatusBuilder.MAX_REASONS} more"]
+        return _degrade(result, reasons, data) if reasons else result
+
+    changes: dict[str, object] = {name: fix(getattr(parts, name)) for name in _PART_FIELDS}
+    changes["accelerators"] = {k: r for k, v in parts.accelerators.items() if (r := fix(v)) is not None}
+    return dataclasses.replace(parts, **changes)  # type: ignore[arg-type]
+
+
+def _without(parts: Parts, field: str, reason: str) -> Parts:
+    if field == "accelerators":
+        return dataclasses.replace(parts, accelerators={
+            k: ProbeResult(v.data, SourceStatus(v.status.source, State.UNAVAILABLE, (*v.status.reasons, reason)))
+            for k, v in parts.accelerators.items()})
+    result = getattr(parts, field)
+    if result is None:
+        return parts
+    status = SourceStatus(result.status.source, State.UNAVAILABLE, (*result.status.reasons, reason))
+    return dataclasses.replace(parts, **{field: ProbeResult(result.data, status)})  # type: ignore[arg-type]
+
+
 def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:
     root = str(ctx.hwloc_xml) if ctx.hwloc_xml is not None else str(ctx.fs.root)
     # Discovery allocates tens of thousands of short-lived, acyclic objects; letting the cyclic
@@ -179,7 +241,7 @@ def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:
     gc.disable()
     try:
         with DiscoveryScope() as scope:
-            topo = assemble(collect(ctx, scope), source_root=root)
+            topo = assemble_checked(collect(ctx, scope), source_root=root)
             topo.generation = generation
             topo.fingerprint = fingerprint(topo)
     finally:
