@@ -34,7 +34,7 @@ def to_json(msg: pb.MemoryTopology) -> str:
 def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContext]:
     if hwloc_xml is not None:
         xml = Path(hwloc_xml)
-        if not xml.is_file():
+        if not xml.exists():
             raise CaptureError(f"{xml}: no such file")
         yield ProbeContext.at_root("/", hwloc_xml=xml.absolute())
         return

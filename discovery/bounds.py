@@ -8,7 +8,7 @@ host costs nothing): each value outside its field's range is replaced by the fie
 and its source degraded with the reason.
 
 A field's range comes from its name, following the schema's conventions: sizes, bandwidths,
-latencies, addresses and serials are uint64; ids of nodes, tiers, CPUs, packages and devices are
+latencies, addresses and serials are uint64; sizes at most 8 PiB; ids of nodes, tiers, CPUs, packages and devices are
 small (-1 is "none"); the rest are 32-bit.
 """
 
@@ -22,10 +22,15 @@ from discovery.cpulist import MAX_ID
 from discovery.excerpt import excerpt
 
 _U64 = (0, (1 << 64) - 1)
+# A size: 8 PiB per node or device is beyond any machine, and keeps the sums the assembly makes of
+# them (a domain's capacity, the machine's) inside uint64 for up to 2048 of them.
+_SIZE = (0, 1 << 53)
 _ID = (-1, MAX_ID - 1)
 _DEFAULT = (-1, (1 << 31) - 1)
-_U64_NAMES = frozenset({"serial", "start", "size", "resource", "value", "local_memory", "memory"})
-_U64_SUFFIXES = ("_bytes", "_mbps", "_ns", "_size")
+_U64_NAMES = frozenset({"serial", "start", "resource", "value"})
+_U64_SUFFIXES = ("_mbps", "_ns")
+_SIZE_NAMES = frozenset({"size", "local_memory", "memory"})
+_SIZE_SUFFIXES = ("_bytes", "_size")
 _ID_NAMES = frozenset({"id", "os_index", "index", "level", "access_class", "domain", "numa_node", "target_node",
                        "memory_tier", "package", "a", "b", "kernel_tier", "memory_tiers_nr"})
 _ID_SUFFIXES = ("_node", "_tier", "_nodes", "_cpus", "cpus", "nodes", "initiators", "members", "pus", "cpuset",
@@ -33,6 +38,8 @@ _ID_SUFFIXES = ("_node", "_tier", "_nodes", "_cpus", "cpus", "nodes", "initiator
 
 
 def field_range(name: str) -> tuple[int, int]:
+    if name in _SIZE_NAMES or name.endswith(_SIZE_SUFFIXES):
+        return _SIZE
     if name in _U64_NAMES or name.endswith(_U64_SUFFIXES):
         return _U64
     if name in _ID_NAMES or name.endswith(_ID_SUFFIXES):

@@ -211,7 +211,7 @@ def _sanitized(parts: Parts) -> Parts:
         if result is None:
             return None
         reasons: list[str] = []
-        data = sanitize(result.data, "", reasons.append)
+        data = sanitize(result.data, type(result.data).__name__, reasons.append)
         if len(reasons) > StatusBuilder.MAX_REASONS:
             reasons[StatusBuilder.MAX_REASONS:] = [f"and {len(reasons) - StatusBuilder.MAX_REASONS} more"]
         return _degrade(result, reasons, data) if reasons else result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from discovery.cpulist import format_cpulist
+from discovery.cpulist import MAX_ID, format_cpulist
 from discovery.excerpt import excerpt
 from discovery.hostfs import HostReadError
 from discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
@@ -49,7 +49,7 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysNuma]:
     except HostReadError as exc:
         sb.problem(exc)
         entries = []
-    node_ids = sorted(int(e[4:]) for e in entries if e.startswith("node") and e[4:].isdigit())
+    node_ids = dir_ids(sb, NODE_DIR, entries, "node")
     online = masks["online"]
     # The kernel prints one column per online node; without `online` (old kernels) the node
     # directories present are the best guess at what was online.
@@ -65,6 +65,20 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysNuma]:
         cpus_present=cpus_present,
     )
     return ProbeResult(data, sb.finish())
+
+
+def dir_ids(sb: StatusBuilder, rel: str, entries: list[str], prefix: str) -> list[int]:
+    """The ids of ``<prefix>N`` entries of a directory, sorted; one beyond any id the kernel gives
+    (cpulist.MAX_ID) is a problem and left out."""
+    ids = []
+    for e in entries:
+        digits = e[len(prefix):]
+        if e.startswith(prefix) and digits.isdigit() and digits.isascii():
+            if len(digits) > 6 or int(digits) >= MAX_ID:
+                sb.problem(f"{rel}/{excerpt(e)}: id out of range (at most {MAX_ID - 1}); left out")
+                continue
+            ids.append(int(digits))
+    return sorted(ids)
 
 
 def _read_uint(ctx: ProbeContext, rel: str) -> int:
@@ -271,7 +285,7 @@ def _access(ctx: ProbeContext, sb: StatusBuilder, base: str, access_class: int) 
     except HostReadError as exc:
         sb.problem(exc)
         entries = []
-    initiators = tuple(sorted(int(e[4:]) for e in entries if e.startswith("node") and e[4:].isdigit()))
+    initiators = tuple(dir_ids(sb, rel, entries, "node"))
     if not initiators and not any(p in entries for p in _PERF_FILES):
         # An initiator-only node (CPUs, no memory) gets accessK/targets and an empty initiators/:
         # it is nobody's target, so it has no entry of its own.

@@ -7,6 +7,7 @@ from discovery.excerpt import excerpt
 from discovery.hostfs import HostReadError
 from discovery.parts import KernelTier, SysTiers
 from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from discovery.sysfs_numa import dir_ids
 
 SOURCE = "sysfs.memory_tiers"
 
@@ -31,8 +32,7 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysTiers]:
         sb.problem(exc)
         entries = []
     tiers: list[KernelTier] = []
-    for tier_id in sorted(int(e[len(_PREFIX):]) for e in entries
-                          if e.startswith(_PREFIX) and e[len(_PREFIX):].isdigit()):
+    for tier_id in dir_ids(sb, TIER_DIR, entries, _PREFIX):
         # The ABI doc says `nodes`, but mm/memory-tiers.c registers `nodelist`.
         rel = f"{TIER_DIR}/{_PREFIX}{tier_id}/nodelist"
         try:
