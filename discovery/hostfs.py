@@ -312,6 +312,9 @@ class HostFS:
             raise HostReadError(rel, "not UTF-8 text") from exc
 
     def read_text(self, rel: str, limit: int = MAX_ATTR_BYTES) -> str:
+        return self._decode(rel, self.read_bytes(rel, limit))
+
+    def read_bytes(self, rel: str, limit: int = MAX_ATTR_BYTES) -> bytes:
         # os.read with a page-sized buffer: a buffered read(MAX) allocates the whole limit per call,
         # which dominated discovery on machines with thousands of attributes.
         fd = self._open(rel, limit)
@@ -327,7 +330,7 @@ class HostFS:
             raise HostReadError(rel, _os_reason(exc)) from exc
         finally:
             os.close(fd)
-        return self._decode(rel, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def read_record(self, rel: str) -> str:
         """A one-record kernel attribute (``/proc/irq/N/*``, a cgroup or sysfs file), unstripped, in

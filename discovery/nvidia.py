@@ -79,9 +79,9 @@ from typing import Any, Protocol
 from discovery import sysfs_numa
 from discovery.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist
 from discovery.excerpt import excerpt
-from discovery.hostfs import HostReadError
+from discovery.hostfs import HostFS, HostReadError
 from discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysNuma
-from discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from discovery.source import RECORDED_NVML, ProbeContext, ProbeResult, StatusBuilder
 from discovery.sysfs_pci import bdf_sort_key, normalize_bdf
 
 SOURCE = "nvidia"
@@ -661,14 +661,16 @@ def parse_nvml_replay(text: str) -> ReplayNvml:
     return ReplayNvml(devices, init)
 
 
-def load_nvml_replay(path: Path) -> ReplayNvml:
+def load_nvml_replay(path: Path, fs: HostFS | None = None) -> ReplayNvml:
+    """The replay at ``path``; the one a captured root holds is read through its ``fs``, inside it."""
+    if fs is None or path != fs.path(RECORDED_NVML):
+        fs, rel = HostFS.at(path.parent), path.name
+    else:
+        rel = RECORDED_NVML
     try:
-        with path.open("rb") as f:
-            data = f.read(_MAX_REPLAY_BYTES + 1)
-    except OSError as exc:
-        raise NvidiaParseError(f"cannot read: {exc.strerror or exc}") from exc
-    if len(data) > _MAX_REPLAY_BYTES:
-        raise NvidiaParseError(f"larger than {_MAX_REPLAY_BYTES} bytes")
+        data = fs.read_bytes(rel, _MAX_REPLAY_BYTES)
+    except HostReadError as exc:
+        raise NvidiaParseError(f"cannot read: {exc.reason}") from exc
     return parse_nvml_replay(data.decode("utf-8", "replace"))
 
 
@@ -774,7 +776,7 @@ def probe(ctx: ProbeContext, *, api: NvmlApi | None = None) -> ProbeResult[Accel
 def _choose_api(ctx: ProbeContext, sb: StatusBuilder) -> tuple[NvmlApi | None, str | None]:
     if ctx.nvml_replay is not None:
         try:
-            return load_nvml_replay(ctx.nvml_replay), None
+            return load_nvml_replay(ctx.nvml_replay, ctx.fs), None
         except NvidiaParseError as exc:
             sb.problem(f"{ctx.nvml_replay.name}: {exc}")
             return None, "recording unusable"

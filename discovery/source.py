@@ -113,10 +113,9 @@ class ProbeContext:
     def at_root(cls, root: str | Path, **kw: object) -> ProbeContext:
         """A captured root: its tools and NVML are replayed from what was recorded with it."""
         fs = HostFS.at(root)
-        kw.setdefault("runner", RecordedRunner.from_dir(fs.path(RECORDED_TOOLS_DIR)))
-        replay = fs.path(RECORDED_NVML)
-        if "nvml_replay" not in kw and replay.is_file():
-            kw["nvml_replay"] = replay
+        kw.setdefault("runner", RecordedRunner.from_fs(fs, RECORDED_TOOLS_DIR))
+        if "nvml_replay" not in kw and fs.is_file(RECORDED_NVML):
+            kw["nvml_replay"] = fs.path(RECORDED_NVML)  # read through fs (nvidia.load_nvml_replay)
         return cls(fs, **kw)  # type: ignore[arg-type]
 
     @property

@@ -157,6 +157,44 @@ def test_a_parser_error_quotes_a_short_escaped_excerpt(tmp_path: Path) -> None:
     assert "\\x1b[2J" in reason and "\x1b" not in reason and "(8004 chars)" in reason
 
 
+def gh200_copy(dest: Path, host: str = "gh200") -> Path:
+    """A synthesized host (tests/fixtures): gh200 has an NVML replay, ascend-a2-8x910b recorded tools."""
+    src = capture.find_root(extracted(REPO / f"tests/fixtures/{host}/root.tar.gz"))
+    root = dest / "root"
+    shutil.copytree(src, root, symlinks=True)
+    return root
+
+
+@pytest.mark.parametrize("what", ["nvml.json", "tools"])
+def test_recordings_linked_out_of_the_root_are_not_replayed(tmp_path: Path, what: str) -> None:
+    """The NVML replay and recorded tool outputs are read inside the root like any other file."""
+    root = gh200_copy(tmp_path, "gh200" if what == "nvml.json" else "ascend-a2-8x910b")
+    outside = tmp_path / "outside"
+    shutil.copytree(root / ".memtopo", outside)
+    if what == "nvml.json":
+        doc = json.loads((outside / "nvml.json").read_text())
+        doc["devices"][0]["name"] = "TOPSECRET GPU"
+        (outside / "nvml.json").write_text(json.dumps(doc))
+        replace(root, ".memtopo/nvml.json", lambda p: os.symlink(outside / "nvml.json", p))
+    else:
+        for f in (outside / "tools").iterdir():
+            if f.name != "argv.json":
+                f.write_text(f.read_text().replace("910B", "TOPSECRET"))
+        shutil.rmtree(root / ".memtopo/tools")
+        os.symlink(outside / "tools", root / ".memtopo/tools")
+    topo = topo_of(root)
+    assert "TOPSECRET" not in as_text(topo)
+
+
+def test_a_fifo_as_the_nvml_replay_is_not_waited_on(tmp_path: Path) -> None:
+    root = gh200_copy(tmp_path)
+    replace(root, ".memtopo/nvml.json", lambda p: os.mkfifo(p))
+    topo = topo_of(root)
+    nvidia = source(topo, "nvidia")
+    assert nvidia.state == pb.SOURCE_STATE_DEGRADED
+    assert "without an NVML recording" in nvidia.reasons[0]
+
+
 # ---- 2. no hangs, no unbounded reads ---------------------------------------------------------------------
 FIFO_PLACES = [f"{NODE0}/meminfo", f"{NODE0}/distance", f"{CPU}/online", "sys/bus/pci/devices/0000:00:01.0/numa_node"]
 
@@ -274,9 +312,7 @@ def test_an_out_of_range_integer_degrades_its_source(tmp_path: Path, case: str) 
 
 
 def test_a_recorded_nvml_answer_of_2_to_the_128_degrades_nvml(tmp_path: Path) -> None:
-    src = capture.find_root(extracted(REPO / "tests/fixtures/gh200/root.tar.gz"))
-    root = tmp_path / "root"
-    shutil.copytree(src, root, symlinks=True)
+    root = gh200_copy(tmp_path)
     path = root / ".memtopo/nvml.json"
     doc = json.loads(path.read_text())
     doc["devices"][0]["memory_total"] = 1 << 128
