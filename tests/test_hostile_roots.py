@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,8 @@ from typing import Literal
 
 import pytest
 from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.cli import main
 from discovery import capture, hostfs, sysfs_pci, sysfs_tiers
@@ -386,7 +389,6 @@ def test_extraction_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
     monkeypatch.setattr(capture, cap, 3 if cap == "MAX_MEMBERS" else 2048)
     bomb = tarball(tmp_path / "bomb.tar.gz", members)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
     monkeypatch.setattr(tempfile, "tempdir", None)
     with pytest.raises(CaptureError, match=r"at most|more than"), open_root(bomb):
         pass
@@ -473,3 +475,85 @@ def test_a_cpu_in_several_nodes_degrades_sysfs_numa(tmp_path: Path) -> None:
     assert sorted(c for cs in cpus.values() for c in cs) == [0, 1, 2, 3]
     has_links = (root / CPU / "cpu2/node1").exists()
     assert cpus == ({0: [0, 1], 1: [2, 3], 2: []} if has_links else {0: [0, 1, 2, 3], 1: [], 2: []})
+
+
+# ---- the two in-root walks, and the check hwloc's trees pass -----------------------------------------------
+_NAMES = st.sampled_from(["a", "b", "c"])
+_TARGETS = st.lists(st.sampled_from(["a", "b", "c", "..", "."]), min_size=0, max_size=5).map("/".join)
+_TREES = st.lists(st.tuples(st.lists(_NAMES, min_size=1, max_size=3).map("/".join),
+                            st.one_of(st.just("dir"), st.just("file"), _TARGETS,
+                                      _TARGETS.map(lambda t: "/" + t))),
+                  max_size=8)
+_LOOKUPS = st.lists(st.sampled_from(["a", "b", "c", "..", "."]), min_size=1, max_size=6).map("/".join)
+
+
+def _build(root: Path, entries: list[tuple[str, str]]) -> None:
+    for rel, what in entries:
+        path = root / rel
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if what == "dir":
+                path.mkdir()
+            elif what == "file":
+                path.write_text(rel)
+            else:
+                os.symlink(what or ".", path)
+        except OSError:
+            continue  # a parent that is a file or a link: that entry does not exist
+
+
+def _answers(fs: HostFS, rel: str) -> tuple[str, str]:
+    """What reading and listing ``rel`` give (the text, the names, or the error)."""
+    out: list[str] = []
+    reads: tuple[Callable[[], str], ...] = (lambda: fs.read_text(rel), lambda: ",".join(fs.listdir(rel)))
+    for fn in reads:
+        try:
+            out.append(fn())
+        except HostReadError as exc:
+            out.append(f"error: {exc.reason}")
+    return out[0], out[1]
+
+
+@settings(deadline=None, max_examples=150)
+@given(entries=_TREES, lookups=st.lists(_LOOKUPS, min_size=1, max_size=4))
+def test_the_component_walk_answers_as_the_kernels_in_root_walk(
+        entries: list[tuple[str, str]], lookups: list[str]) -> None:
+    """The O_NOFOLLOW walk (old kernels) resolves every lookup exactly as openat2(RESOLVE_IN_ROOT)."""
+    if hostfs._openat2() is None:
+        pytest.skip("openat2 is not available here")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        root.mkdir()
+        (root / "outside-marker").write_text("inside")
+        _build(root, entries)
+        fs = HostFS.at(root)
+        fs.__dict__["_tree_problems"] = ("forced",)  # the confined path, whatever the tree
+        for rel in lookups:
+            if ".." in rel.split("/"):
+                continue  # refused before any lookup
+            kernel = _answers(fs, rel)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(hostfs, "_openat2", lambda: None)
+                walked = _answers(fs, rel)
+            assert walked == kernel, rel
+
+
+@settings(deadline=None, max_examples=150)
+@given(entries=_TREES, lookups=st.lists(_LOOKUPS.map(lambda p: "a/b/" + p), min_size=1, max_size=4))
+def test_a_tree_that_passes_the_check_cannot_be_left_by_plain_lookups(
+        entries: list[tuple[str, str]], lookups: list[str]) -> None:
+    """What hwloc does (plain opens following every link) stays below a root check_tree passed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        (root / "a/b").mkdir(parents=True)
+        _build(root, entries)
+        if hostfs.check_tree(root):
+            return
+        real_root = os.path.realpath(root)
+        for rel in lookups:
+            parts = rel.split("/")
+            # hwloc's own paths never climb above the root by name: only links are in question.
+            if any(parts[:i].count("..") * 2 > i for i in range(1, len(parts) + 1)):
+                continue
+            real = os.path.realpath(root / rel)
+            assert real == real_root or real.startswith(real_root + "/"), (rel, real)
