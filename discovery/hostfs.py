@@ -283,26 +283,40 @@ class HostFS:
             os.close(fd)
 
     def _open(self, rel: str, limit: int) -> int:
-        """A regular file opened for reading, no larger than ``limit`` (a captured root's); O_NONBLOCK
-        so that a FIFO cannot hold the open, and fstat before any read."""
-        try:
-            fd = self.open_fd(rel, _READ_FLAGS)
-        except OSError as exc:
-            raise HostReadError(rel, _os_reason(exc)) from exc
+        """A regular file opened for reading, no larger than ``limit`` (a captured root's). In a
+        tree that failed the check, what the lookup found is looked at (an O_PATH handle, fstat)
+        before it is opened for reading, so a device is never opened and a FIFO never waited on;
+        the reopen goes through the handle (/proc/self/fd), not the path, so it is the same file."""
         if not self._confined:
             # The kernel's own files (sysfs and procfs sizes say nothing: 4096, 0), or a checked
-            # tree of regular files; the read loops still stop at the limit.
-            return fd
+            # tree of regular files; O_NONBLOCK all the same, and the read loops stop at the limit.
+            try:
+                return self.open_fd(rel, _READ_FLAGS)
+            except OSError as exc:
+                raise HostReadError(rel, _os_reason(exc)) from exc
         try:
-            st = os.fstat(fd)
+            handle = self.open_fd(rel, _PATH_FLAGS)
+        except OSError as exc:
+            raise HostReadError(rel, _os_reason(exc)) from exc
+        try:
+            st = os.fstat(handle)
             if not stat.S_ISREG(st.st_mode):
                 raise HostReadError(rel, f"not a regular file ({_kind(st.st_mode)})")
             if st.st_size > limit:
                 raise HostReadError(rel, f"larger than {limit} bytes ({st.st_size})")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+            try:
+                fd = os.open(f"/proc/self/fd/{handle}", _READ_FLAGS)
+            except FileNotFoundError:  # no /proc here: look it up again, and check what was opened
+                fd = self.open_fd(rel, _READ_FLAGS)
+                again = os.fstat(fd)
+                if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+                    os.close(fd)
+                    raise HostReadError(rel, "changed while it was opened") from None
+            return fd
+        except OSError as exc:
+            raise HostReadError(rel, _os_reason(exc)) from exc
+        finally:
+            os.close(handle)
 
     @staticmethod
     def _decode(rel: str, data: bytes) -> str:
