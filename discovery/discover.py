@@ -131,7 +131,8 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
         ctx.libraries_live and ACCELERATOR_PROBES) else None
     vendor_futures = {name: vendor_pool.submit(backstop.guarded, name, probe)
                       for name, probe in ACCELERATOR_PROBES} if vendor_pool else {}
-    hw: list[ProbeResult[HwlocPart] | None] = []
+    hw: list[ProbeResult[HwlocPart] | None] = []  # what hwloc's thread hands over
+    hw_result: ProbeResult[HwlocPart] | None = None
     hw_thread: threading.Thread | None = None
     try:
         if ctx.sysfs_available:
@@ -139,7 +140,7 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
                                          name="memtopo-hwloc", daemon=True)
             hw_thread.start()
         else:
-            hw.append(backstop.run(hwloc.SOURCE, hwloc.probe))
+            hw_result = backstop.run(hwloc.SOURCE, hwloc.probe)
         identity_r = backstop.run(identity.SOURCE, identity.probe)
         numa_r = backstop.run(sysfs_numa.SOURCE, sysfs_numa.probe)
         tiers_r = backstop.run(sysfs_tiers.SOURCE, sysfs_tiers.probe)
@@ -153,10 +154,9 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
             # Its deadline counts from its start, which was before the probes above.
             hw_thread.join(max(0.0, ctx.deadline_s - (time.perf_counter() - started)))
             if hw_thread.is_alive():
-                backstop.overdue(hwloc.SOURCE)
-                hw = []
-            elif not hw:
-                hw = [None]
+                backstop.overdue(hwloc.SOURCE)  # what it hands over later is not read
+            else:
+                hw_result = hw[0] if hw else None
         if vendor_pool is not None:
             for name, f in vendor_futures.items():
                 try:
@@ -168,7 +168,7 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
         if vendor_pool is not None:
             vendor_pool.shutdown(wait=False)
     return Parts(identity=identity_r, numa=numa_r, tiers=tiers_r, cxl=cxl_r, pci=pci_r, allowed=allowed_r,
-                 hwloc=hw[0] if hw else None, accelerators={k: v for k, v in vendor.items() if v is not None},
+                 hwloc=hw_result, accelerators={k: v for k, v in vendor.items() if v is not None},
                  extra_statuses=tuple(backstop.failures))
 
 
