@@ -110,7 +110,9 @@ def _walk(root_fd: int, rel: str, flags: int) -> tuple[int, list[str]]:
     """Open ``rel`` below ``root_fd`` as openat2's RESOLVE_IN_ROOT would, one component at a time:
     every component opened with O_NOFOLLOW, every symlink read and spliced in by hand (an absolute
     one restarting at the root, ``..`` never above it). Returns the fd and the resolved components."""
-    pending = [p for p in reversed(rel.split("/")) if p not in ("", ".")]
+    # "." and empty components stay: after a name they require it to be a directory ("file/." is
+    # ENOTDIR for the kernel too).
+    pending = [p or "." for p in reversed(rel.split("/"))]
     names: list[str] = []
     fds: list[int] = []  # the open directories of ``names``
     links = 0
@@ -154,7 +156,7 @@ def _walk(root_fd: int, rel: str, flags: int) -> tuple[int, list[str]]:
                 names.clear()
                 while fds:
                     os.close(fds.pop())
-            pending.extend(p for p in reversed(target.split("/")) if p not in ("", "."))
+            pending.extend(p or "." for p in reversed(target.lstrip("/").split("/")))
         # Every component was ``..`` or a link back up: the lookup ends at a directory.
         return os.open(".", flags, dir_fd=fds[-1] if fds else root_fd), names
     finally:
