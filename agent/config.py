@@ -28,7 +28,7 @@ from memtopo.addresses import AddressError, is_loopback, parse_host_port
 from memtopo.apply import cgroups
 from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
 from memtopo.k8s.defaults import DEFAULT_POD_RESOURCES_SOCKET
-from memtopo.text import excerpt
+from memtopo.text import shorten
 
 DEFAULT_CONFIG_PATH = Path("/etc/memtopo/agent.toml")
 # sysexits.h EX_CONFIG; the unit's RestartPreventExitStatus= names it.
@@ -239,7 +239,7 @@ class _Table:
         value = self.data.get(name, default)
         # bool is an int subclass: a boolean must not pass as a number.
         if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
-            raise self.error(name, f"expected {what}, got {_type_name(value)} {excerpt(value)}")
+            raise self.error(name, f"expected {what}, got {_type_name(value)} {shorten(value)}")
         return value
 
     def table(self, name: str, known: Iterable[str]) -> _Table:
@@ -261,7 +261,7 @@ class _Table:
         value = self.integer(name, default)
         low, high = COUNT_BOUNDS[self.key(name)]
         if not low <= value <= high:
-            raise self.error(name, f"must be {low}-{high}, got {excerpt(value)}")
+            raise self.error(name, f"must be {low}-{high}, got {shorten(value)}")
         return value
 
     def seconds(self, name: str, default: float, *, zero_ok: bool = False) -> float:
@@ -273,24 +273,24 @@ class _Table:
         if not math.isfinite(seconds):
             raise self.error(name, f"must be a finite number of seconds, got {seconds}")
         if seconds < 0 or (seconds == 0 and not zero_ok):
-            raise self.error(name, f"must be {'≥ 0' if zero_ok else '> 0'} seconds, got {excerpt(value)}")
+            raise self.error(name, f"must be {'≥ 0' if zero_ok else '> 0'} seconds, got {shorten(value)}")
         low, high = DURATION_BOUNDS[self.key(name)]
         if seconds and not low <= seconds <= high:
             zero = "0 or " if zero_ok else ""
-            raise self.error(name, f"must be {zero}{low:g}-{high:g} seconds, got {excerpt(value)}")
+            raise self.error(name, f"must be {zero}{low:g}-{high:g} seconds, got {shorten(value)}")
         return seconds
 
     def choice[T: str](self, name: str, default: T, choices: tuple[T, ...]) -> T:
         value = self.string(name, default)
         if value not in choices:
-            raise self.error(name, f"{excerpt(value)!r} is not one of {', '.join(choices)}")
+            raise self.error(name, f"{shorten(value)!r} is not one of {', '.join(choices)}")
         return value
 
     def strings(self, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self._get(name, list(default), list, "an array of strings")
         for item in value:
             if not isinstance(item, str):
-                raise self.error(name, f"expected an array of strings, it holds {_type_name(item)} {excerpt(item)}")
+                raise self.error(name, f"expected an array of strings, it holds {_type_name(item)} {shorten(item)}")
         return tuple(value)
 
     def path(self, name: str, default: str) -> str:
@@ -298,7 +298,7 @@ class _Table:
         directory is /, elsewhere it is wherever the agent was started."""
         text = self.string(name, default)
         if text and not text.startswith("/"):
-            raise self.error(name, f"{excerpt(text)} is not an absolute path")
+            raise self.error(name, f"{shorten(text)} is not an absolute path")
         return text
 
     def required_path(self, name: str, default: str) -> str:
@@ -333,7 +333,7 @@ def _keys(cls: type[Any]) -> tuple[str, ...]:
 def _node_name(t: _Table) -> str:
     name = t.string("node_name", "") or _hostname()
     if not name or len(name) > 253 or not name.isprintable() or any(c.isspace() for c in name):
-        raise t.error("node_name", f"{excerpt(name)} is not a usable node name (1-253 printable characters, "
+        raise t.error("node_name", f"{shorten(name)} is not a usable node name (1-253 printable characters, "
                                    "no spaces)")
     return name
 
@@ -362,11 +362,11 @@ def _listen(t: _Table) -> ListenConfig:
         raise t.error("socket_mode", "write the mode as an octal string, like \"0660\"")
     mode_text = t.string("socket_mode", f"0{d.socket_mode:o}")
     if not re.fullmatch(r"0?[0-7]{3}", mode_text):
-        raise t.error("socket_mode", f"{excerpt(mode_text)} is not an octal mode like \"0660\" (a string, "
+        raise t.error("socket_mode", f"{shorten(mode_text)} is not an octal mode like \"0660\" (a string, "
                                      "no setuid/setgid/sticky bits)")
     group = t.string("socket_group", d.socket_group)
     if group and not _GROUP_NAME.fullmatch(group):
-        raise t.error("socket_group", f"{excerpt(group)} is not a group name or numeric id")
+        raise t.error("socket_group", f"{shorten(group)} is not a group name or numeric id")
     tcp = t.listen_address("tcp", d.tcp)
     cfg = ListenConfig(socket=sock, socket_mode=int(mode_text, 8), socket_group=group, tcp=tcp,
                        read_socket=read_sock,
@@ -404,7 +404,7 @@ def _controller_address(t: _Table, default: str) -> str:
         if path.startswith("//"):
             path = path[2:]
         if not path.startswith("/"):
-            raise t.error("address", f"{excerpt(value)}: a unix: address needs an absolute path "
+            raise t.error("address", f"{shorten(value)}: a unix: address needs an absolute path "
                                      "(unix:/PATH or unix:///PATH)")
         return value
     try:
@@ -416,7 +416,7 @@ def _controller_address(t: _Table, default: str) -> str:
                                      "or unix:PATH") from None
         raise t.error("address", str(exc)) from None
     if port == 0:
-        raise t.error("address", f"{excerpt(value)}: port 0 cannot be dialled")
+        raise t.error("address", f"{shorten(value)}: port 0 cannot be dialled")
     return value
 
 
@@ -425,7 +425,7 @@ def _controller(t: _Table) -> ControllerConfig:
     address = _controller_address(t, d.address)
     insecure = t.boolean("insecure", d.insecure)
     if insecure and address and not is_loopback(address):
-        raise t.error("insecure", f"plaintext is only allowed to a loopback address, not {excerpt(address)}")
+        raise t.error("insecure", f"plaintext is only allowed to a loopback address, not {shorten(address)}")
     cfg = ControllerConfig(
         address=address, insecure=insecure,
         tls_ca=t.path("tls_ca", d.tls_ca), tls_cert=t.path("tls_cert", d.tls_cert),
@@ -477,10 +477,10 @@ def _kubernetes(t: _Table) -> KubernetesConfig:
     d = KubernetesConfig()
     node_name = t.string("node_name", d.node_name)
     if node_name and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", node_name):
-        raise t.error("node_name", f"{excerpt(node_name)} is not a Kubernetes node name (lowercase DNS subdomain)")
+        raise t.error("node_name", f"{shorten(node_name)} is not a Kubernetes node name (lowercase DNS subdomain)")
     api_server = t.string("api_server", d.api_server)
     if api_server and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", api_server):
-        raise t.error("api_server", f"{excerpt(api_server)} is not an http(s):// URL")
+        raise t.error("api_server", f"{shorten(api_server)} is not an http(s):// URL")
     cfg = KubernetesConfig(
         enabled=t.boolean("enabled", d.enabled), node_name=node_name, api_server=api_server,
         kubelet_config=t.path("kubelet_config", d.kubelet_config),
@@ -504,7 +504,7 @@ def parse_config(text: str, source: str) -> AgentConfig:
     except (ValueError, RecursionError) as exc:
         # tomllib lets these through: an integer over Python's 4300-digit conversion limit, and
         # arrays nested deeper than the interpreter's recursion limit.
-        raise ConfigError("", f"not usable TOML: {type(exc).__name__}: {excerpt(str(exc), 120)}", source) from None
+        raise ConfigError("", f"not usable TOML: {type(exc).__name__}: {shorten(str(exc), 120)}", source) from None
     top = _Table(data, "", source, _TOP_KEYS)
     d = AgentConfig(node_name="")
     return AgentConfig(
@@ -574,14 +574,14 @@ def check_host(cfg: AgentConfig) -> None:
         try:
             grp.getgrnam(group)
         except KeyError:
-            raise ConfigError("listen.socket_group", f"group {excerpt(group)!r} does not exist on this host",
+            raise ConfigError("listen.socket_group", f"group {shorten(group)!r} does not exist on this host",
                               cfg.source) from None
     try:
         os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=cfg.state_dir, prefix=".memtopo-probe-")  # noqa: SIM115
         probe.close()
     except OSError as exc:
-        raise ConfigError("state_dir", f"{excerpt(cfg.state_dir)} is not a writable directory: "
+        raise ConfigError("state_dir", f"{shorten(cfg.state_dir)} is not a writable directory: "
                                        f"{exc.strerror or exc}", cfg.source) from None
 
 

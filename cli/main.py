@@ -35,7 +35,7 @@ def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContex
 
     if hwloc_xml is not None:
         xml = Path(hwloc_xml)
-        if not xml.is_file():
+        if not xml.exists():
             raise CaptureError(f"{xml}: no such file")
         yield ProbeContext.at_root("/", hwloc_xml=xml.absolute())
         return
@@ -49,10 +49,16 @@ def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContex
 def cmd_topo(args: argparse.Namespace) -> int:
     from memtopo.discovery.capture import CaptureError
     from memtopo.discovery.discover import discover
+    from memtopo.v1 import topology_pb2 as pb
 
     try:
         with context_for(args.root, args.hwloc_xml) as ctx:
             topo = discover(ctx)
+        if args.hwloc_xml is not None:
+            # The export is the whole input: one hwloc could not read is an error, not an empty machine.
+            hw = next((s for s in topo.sources if s.source == "hwloc"), None)
+            if hw is not None and hw.state == pb.SOURCE_STATE_UNAVAILABLE:
+                raise CaptureError("; ".join(hw.reasons) or f"{args.hwloc_xml}: hwloc could not read it")
     except CaptureError as exc:
         fail(exc)
         return EXIT_USAGE

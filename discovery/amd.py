@@ -45,6 +45,7 @@ from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
 from memtopo.discovery.pci_ids import VENDOR_AMD
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.hostfs import HostFS, HostReadError
+from memtopo.text import excerpt
 
 SOURCE = "amd.kfd"
 
@@ -94,12 +95,12 @@ def parse_properties(text: str) -> dict[str, int]:
         if not words:
             continue
         if len(words) != 2:
-            raise KfdFormatError(f"line {lineno}: expected 'name value', got {line[:60]!r}")
+            raise KfdFormatError(f"line {lineno}: expected 'name value', got {excerpt(line, 60)}")
         key, value = words
         if not _KEY.match(key):
-            raise KfdFormatError(f"line {lineno}: bad property name {key[:40]!r}")
+            raise KfdFormatError(f"line {lineno}: bad property name {excerpt(key)}")
         if not (value.isascii() and value.isdigit()) or len(value) > 20 or int(value) >= _U64:
-            raise KfdFormatError(f"line {lineno}: {key}: not an unsigned 64-bit number: {value[:40]!r}")
+            raise KfdFormatError(f"line {lineno}: {key}: not an unsigned 64-bit number: {excerpt(value)}")
         if key in out:
             raise KfdFormatError(f"line {lineno}: {key} repeated")
         out[key] = int(value)
@@ -157,7 +158,7 @@ def parse_partition_mode(text: str) -> str:
     """``current_compute_partition`` / ``current_memory_partition``: one word, e.g. ``CPX``, ``NPS4``."""
     mode = text.strip().strip("\0").strip()
     if not _MODE.match(mode):
-        raise KfdFormatError(f"not a partition mode: {mode[:40]!r}")
+        raise KfdFormatError(f"not a partition mode: {excerpt(mode)}")
     return mode
 
 

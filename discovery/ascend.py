@@ -38,6 +38,7 @@ from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.pci import normalize_bdf
 from memtopo.runner import ToolResult, run_all
+from memtopo.text import excerpt
 
 SOURCE = "npu-smi"
 
@@ -125,7 +126,7 @@ def parse_npu_map(text: str) -> NpuMap:
     for i, name in enumerate(columns):
         pos.setdefault(name, i)
     if "NPU ID" not in pos:
-        raise NpuSmiError(f"no 'NPU ID' column in the header {lines[0][:80]!r}")
+        raise NpuSmiError(f"no 'NPU ID' column in the header {excerpt(lines[0], 80)}")
     card_at, chip_at, logic_at = pos["NPU ID"], pos.get("Chip ID"), pos.get("Chip Logic ID")
     phy_at, name_at = pos.get("Chip Phy-ID"), pos.get("Chip Name")
     need = max(p for p in (card_at, chip_at, logic_at) if p is not None)
@@ -135,7 +136,7 @@ def parse_npu_map(text: str) -> NpuMap:
     for lineno, line in enumerate(lines[1:], start=2):
         tokens = line.split()
         if len(tokens) <= need:
-            problems.append(f"line {lineno}: {len(tokens)} fields, the header needs {need + 1}: {line[:80]!r}")
+            problems.append(f"line {lineno}: {len(tokens)} fields, the header needs {need + 1}: {excerpt(line, 80)}")
             continue
         logical = _num(tokens[logic_at if logic_at is not None else card_at])
         if logical is None:
@@ -143,7 +144,7 @@ def parse_npu_map(text: str) -> NpuMap:
         card = _num(tokens[card_at])
         chip = _num(tokens[chip_at]) if chip_at is not None else 0
         if card is None or chip is None:
-            problems.append(f"line {lineno}: NPU/chip id not a number: {line[:80]!r}")
+            problems.append(f"line {lineno}: NPU/chip id not a number: {excerpt(line, 80)}")
             continue
         if logical in seen:
             problems.append(f"line {lineno}: logical id {logical} listed twice")
@@ -259,7 +260,7 @@ def parse_info(text: str) -> NpuSmiInfo:
         if pending is None:
             card = _num(first[0]) if first else None
             if card is None or len(first) < 2 or normalize_bdf(cells[1]) is not None:
-                problems.append(f"line {lineno}: not an NPU row: {line[:80]!r}")
+                problems.append(f"line {lineno}: not an NPU row: {excerpt(line, 80)}")
                 continue
             pending = (card, " ".join(first[1:]), cells[1])
             continue
@@ -267,12 +268,12 @@ def parse_info(text: str) -> NpuSmiInfo:
         pending = None
         chip = _num(first[0]) if first else None
         if chip is None:
-            problems.append(f"line {lineno}: NPU {card}: chip id not a number: {line[:80]!r}")
+            problems.append(f"line {lineno}: NPU {card}: chip id not a number: {excerpt(line, 80)}")
             continue
         second = _num(first[1]) if len(first) > 1 else None
         bdf = normalize_bdf(cells[1])
         if bdf is None and cells[1] not in ("", "-", "NA"):
-            problems.append(f"line {lineno}: NPU {card} chip {chip}: Bus-Id {cells[1][:40]!r} is not a PCI address")
+            problems.append(f"line {lineno}: NPU {card} chip {chip}: Bus-Id {excerpt(cells[1])} is not a PCI address")
         usage: dict[str, tuple[int, int]] = {}
         for col, (used, total) in zip(usage_names, _USAGE.findall(cells[2]), strict=False):
             usage[col.split("-", 1)[0].upper()] = (int(used), int(total))

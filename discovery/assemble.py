@@ -516,10 +516,12 @@ def _placeholder_nodes(rec: Record) -> tuple[int, ...]:
 
 
 def _int_attr(text: str) -> int:
+    """A vendor attribute's figure for a uint64 field; 0 (unknown) when it is none or too large."""
     try:
-        return max(0, int(float(text)))
-    except ValueError:
+        value = max(0, int(float(text)))
+    except (ValueError, OverflowError):
         return 0
+    return value if value < 1 << 64 else 0
 
 
 # ---- the rest of the message -------------------------------------------------------------------------

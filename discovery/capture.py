@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import lzma
 import os
+import signal
 import tarfile
 import tempfile
+import threading
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from memtopo.hostfs import MAX_TREE_FILE_BYTES
+from memtopo.text import excerpt
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
@@ -38,26 +45,82 @@ def find_root(extracted: Path) -> Path:
     raise CaptureError(f"{extracted}: no sys/ or proc/ and not exactly one top-level directory")
 
 
+# A capture is a few MB in a few thousand members; these bound what a hostile archive can cost.
+MAX_MEMBERS = 200_000
+MAX_MEMBER_BYTES = MAX_TREE_FILE_BYTES
+MAX_EXTRACTED_BYTES = 1 << 30
+MAX_MEMBER_DEPTH = 64
+MAX_MEMBER_NAME = 1024
+
+
 def extract(tarball: Path, dest: Path) -> Path:
-    """Extract safely (tarfile's "data" filter: no absolute paths, no escapes, no devices)."""
+    """Extract safely, member by member: tarfile's "data" filter (no absolute paths, no escapes,
+    no devices), and a bound on the member count, each member's and the total size, and the depth
+    and length of names. A truncated or corrupt archive is a CaptureError like any other."""
+    def checked(tf: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+        total = 0
+        for members, member in enumerate(tf, 1):
+            if members > MAX_MEMBERS:
+                raise CaptureError(f"{tarball}: more than {MAX_MEMBERS} members")
+            name = member.name
+            if len(name) > MAX_MEMBER_NAME or name.count("/") >= MAX_MEMBER_DEPTH:
+                raise CaptureError(f"{tarball}: member {excerpt(name, 80)} is nested too deep "
+                                   f"(at most {MAX_MEMBER_DEPTH} levels, {MAX_MEMBER_NAME} characters)")
+            if member.size > MAX_MEMBER_BYTES:
+                raise CaptureError(f"{tarball}: member {excerpt(name, 80)} is {member.size} bytes "
+                                   f"(at most {MAX_MEMBER_BYTES})")
+            total += member.size
+            if total > MAX_EXTRACTED_BYTES:
+                raise CaptureError(f"{tarball}: more than {MAX_EXTRACTED_BYTES} bytes once extracted")
+            yield member
+
     try:
         with tarfile.open(tarball) as tf:
-            tf.extractall(dest, filter="data")
-    except (tarfile.TarError, OSError) as exc:
-        raise CaptureError(f"{tarball}: {exc}") from exc
+            # extractall, not extract one by one: it sets directory modes last, so a read-only
+            # directory in the archive does not refuse the files that follow it.
+            tf.extractall(dest, members=checked(tf), filter="data")
+    except CaptureError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, ValueError, RecursionError) as exc:
+        # EOFError and the codecs' errors are how a truncated .tar.gz/.tar.xz ends.
+        why = str(exc) or type(exc).__name__
+        raise CaptureError(f"{tarball}: not a readable tar archive: {excerpt(why, 200)}") from exc
     return find_root(dest)
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While a temporary extraction exists, SIGTERM raises in the main thread (where no one else has
+    claimed it) so that the ``with`` blocks holding it unwind and remove it, instead of the process
+    dying with it left in $TMPDIR."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def open_root(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a directory to use as the root: the path itself, or a temporary extraction of it."""
+    """Yield a directory to use as the root: the path itself, or a temporary extraction of it,
+    removed on any exit (an error, SIGTERM)."""
     p = Path(path)
     if p.is_dir():
         yield find_root(p) if not (p / "sys").exists() and not (p / "proc").exists() else p
         return
+    if not p.exists():
+        raise CaptureError(f"{p}: no such file or directory")
     if not is_tarball(p):
         raise CaptureError(f"{p}: neither a directory nor a tar archive ({', '.join(TAR_SUFFIXES)})")
-    with tempfile.TemporaryDirectory(prefix="memtopo-root-") as tmp:
+    with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="memtopo-root-") as tmp:
         yield extract(p, Path(tmp))
 
 

@@ -16,7 +16,9 @@ fetched with a single call each where the capacity is known up front.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import stat
 import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +39,8 @@ from memtopo.discovery.parts import (
     Ids,
 )
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import MAX_TREE_FILE_BYTES
+from memtopo.text import excerpt
 
 SOURCE = "hwloc"
 
@@ -788,18 +792,24 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
         return ProbeResult(EMPTY, status.finish())
 
     # hwloc reports a missing root or file only as EINVAL (after printing to stderr): say which.
-    if src.kind == "xml" and not os.path.isfile(src.path):
-        status.unavailable(f"hwloc XML {src.path}: no such file")
+    if src.kind == "xml" and (why := _xml_problem(src.path)):
+        status.unavailable(f"hwloc XML {src.path}: {why}")
         return ProbeResult(EMPTY, status.finish())
     if src.kind == "fsroot" and not os.path.isdir(src.path):
         status.unavailable(f"hwloc root {src.path}: not a directory")
+        return ProbeResult(EMPTY, status.finish())
+    if src.kind == "fsroot" and (unsafe := ctx.fs.tree_problems):
+        # hwloc opens what it finds with plain opens: a link out of the root, a FIFO or a device
+        # would be read as the host's file, block it, or never end. It never sees such a tree.
+        status.unavailable(f"hwloc not run on this root: {'; '.join(unsafe)}")
         return ProbeResult(EMPTY, status.finish())
 
     with _LOAD_LOCK:
         try:
             hdl, version = _load(api, src)
         except Exception as exc:
-            status.unavailable(f"hwloc load failed ({src.describe()}): {type(exc).__name__}: {exc}")
+            hint = ": malformed or truncated XML" if src.kind == "xml" else ""
+            status.unavailable(f"hwloc load failed ({src.describe()}){hint}: {type(exc).__name__}: {exc}")
             return ProbeResult(EMPTY, status.finish())
         free = partial(_destroy, api, hdl)
         if not src.needs_plugins:
@@ -812,6 +822,29 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
     # plugins evicts the assembly's working set.
     return _extract_and_free(api, hdl, version, src, status,
                              partial(ctx.scope.defer, free) if ctx.scope is not None else free)
+
+
+def _xml_problem(path: str) -> str | None:
+    """Why ``path`` cannot be an hwloc XML export, from a look at it before hwloc reads it whole:
+    hwloc answers anything else only with EINVAL, and would block on a FIFO or read a device forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        return "no such file" if exc.errno == errno.ENOENT else (exc.strerror or type(exc).__name__)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_size > MAX_TREE_FILE_BYTES:
+            return f"larger than {MAX_TREE_FILE_BYTES} bytes ({st.st_size})"
+        head = os.read(fd, 4096)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    finally:
+        os.close(fd)
+    if b"<topology" not in head:
+        return f"not an hwloc XML export (it starts {excerpt(head.lstrip()[:60])})"
+    return None
 
 
 def _extract_and_free(api: _Api, hdl: ctypes.c_void_p, version: str, src: _Input, status: StatusBuilder,

@@ -28,6 +28,7 @@ from memtopo.discovery.sysfs_pci import PCI_DEVICES
 from memtopo.hostfs import HostReadError
 from memtopo.pci import normalize_bdf
 from memtopo.runner import Runner, ToolResult, run_all
+from memtopo.text import excerpt
 
 SOURCE = "xpu-smi"
 
@@ -70,12 +71,12 @@ def parse_list(text: str) -> tuple[XpuListEntry, ...]:
             continue
         m = _LIST_LINE.fullmatch(line.strip())
         if m is None:
-            raise XpuSmiError(f"line {n}: not an 'XPU <i>: <model> <uuid>' line: {line[:80]!r}")
+            raise XpuSmiError(f"line {n}: not an 'XPU <i>: <model> <uuid>' line: {excerpt(line, 80)}")
         index = _small_int(m.group(1), f"line {n}: device index")
         words = m.group(2).rsplit(None, 1)
         model, uuid = (words[0], words[1]) if len(words) == 2 else ("", "".join(words))
         if _UUID.fullmatch(uuid) is None:
-            raise XpuSmiError(f"line {n}: no UUID at the end: {line[:80]!r}")
+            raise XpuSmiError(f"line {n}: no UUID at the end: {excerpt(line, 80)}")
         if index in entries:
             raise XpuSmiError(f"line {n}: XPU {index} listed twice")
         entries[index] = XpuListEntry(index, model.strip(), uuid)
@@ -122,10 +123,10 @@ def parse_machine(text: str) -> tuple[XpuMachineLine, ...]:
         tok = _TOKEN.findall(line)
         where = f"line {n}"
         if len(tok) < _M_MIN_TOKENS:
-            raise XpuSmiError(f"{where}: {len(tok)} fields, expected at least {_M_MIN_TOKENS}: {line[:80]!r}")
+            raise XpuSmiError(f"{where}: {len(tok)} fields, expected at least {_M_MIN_TOKENS}: {excerpt(line, 80)}")
         model = tok[_M_MODEL]
         if len(model) < 2 or not (model.startswith('"') and model.endswith('"')):
-            raise XpuSmiError(f"{where}: field {_M_MODEL} is not the quoted model: {model[:40]!r}")
+            raise XpuSmiError(f"{where}: field {_M_MODEL} is not the quoted model: {excerpt(model)}")
         entry = XpuMachineLine(
             bdf=strict_bdf(tok[0]),
             index=_small_int(tok[1], f"{where}: device index"),
@@ -154,7 +155,7 @@ def strict_bdf(text: str) -> str:
     """The kernel's spelling of a BDF xpu-smi printed; garbage is a parse error here."""
     bdf = normalize_bdf(text)
     if bdf is None:
-        raise XpuSmiError(f"not a PCI address: {text[:40]!r}")
+        raise XpuSmiError(f"not a PCI address: {excerpt(text)}")
     return bdf
 
 
@@ -220,7 +221,7 @@ def parse_topo(text: str) -> XpuTopology:
         m = _XPU_LABEL.fullmatch(label)
         if m is None:
             if label not in nic_rows:
-                raise XpuSmiError(f"{where}: row {label[:20]!r} is neither an XPU nor a NIC of the header")
+                raise XpuSmiError(f"{where}: row {excerpt(label, 20)} is neither an XPU nor a NIC of the header")
             if len(tok) != 1 + nx + nn:
                 raise XpuSmiError(f"{where}: NIC row has {len(tok) - 1} cells, expected {nx + nn}")
             continue  # NIC↔NIC and NIC→XPU add nothing the XPU rows do not say
@@ -288,7 +289,7 @@ def _topo_header(line: str) -> tuple[Ids, tuple[str, ...], tuple[str, ...]]:
             nics.append(tok[i])
         i += 1
     if not xpus:
-        raise XpuSmiError(f"header names no XPU column: {line[:80]!r}")
+        raise XpuSmiError(f"header names no XPU column: {excerpt(line, 80)}")
     if len(set(aff)) != len(aff):
         raise XpuSmiError("header: an affinity column twice")
     return tuple(xpus), tuple(nics), tuple(aff)
@@ -335,7 +336,7 @@ _MAX_INDEX = 1 << 16
 
 def _int(text: str, what: str) -> int:
     if not (text.isascii() and text.isdigit()):
-        raise XpuSmiError(f"{what}: not a number: {text[:40]!r}")
+        raise XpuSmiError(f"{what}: not a number: {excerpt(text)}")
     return int(text)
 
 

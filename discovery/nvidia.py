@@ -79,9 +79,10 @@ from typing import Any, Protocol
 from memtopo.cpulist import MAX_ID, CpuListError, format_cpulist, parse_cpulist
 from memtopo.discovery import sysfs_numa
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysNuma
-from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.hostfs import HostReadError
+from memtopo.discovery.source import RECORDED_NVML, ProbeContext, ProbeResult, StatusBuilder
+from memtopo.hostfs import HostFS, HostReadError
 from memtopo.pci import bdf_sort_key, normalize_bdf
+from memtopo.text import excerpt
 
 SOURCE = "nvidia"
 
@@ -172,7 +173,7 @@ def parse_numa_status(text: str) -> NumaStatus:
         key, colon, value = line.partition(":")
         key, value = key.strip(), value.strip()
         if not colon or not key or not value:
-            raise NvidiaParseError(f"not a 'Key: value' line: {line[:60]!r}")
+            raise NvidiaParseError(f"not a 'Key: value' line: {excerpt(line, 60)}")
         if key in fields:
             raise NvidiaParseError(f"{key} given twice")
         fields[key] = value
@@ -181,10 +182,10 @@ def parse_numa_status(text: str) -> NumaStatus:
     node_s = fields["Node"]
     digits = node_s.removeprefix("-")
     if not (digits.isascii() and digits.isdigit()) or int(node_s) < -1 or int(node_s) >= MAX_ID:
-        raise NvidiaParseError(f"Node is not a node id: {node_s[:40]!r}")
+        raise NvidiaParseError(f"Node is not a node id: {excerpt(node_s)}")
     status = fields["Status"]
     if not _STATUS_WORD.fullmatch(status):
-        raise NvidiaParseError(f"Status is not a state word: {status[:40]!r}")
+        raise NvidiaParseError(f"Status is not a state word: {excerpt(status)}")
     node = int(node_s)
     return NumaStatus(None if node < 0 else node, status,
                       _hex_field(fields, "Address"), _hex_field(fields, "Size"))
@@ -195,7 +196,7 @@ def _hex_field(fields: Mapping[str, str], key: str) -> int | None:
     if value is None:
         return None
     if len(value) > 16 or not _HEX_DIGITS.issuperset(value):
-        raise NvidiaParseError(f"{key} is not a 64-bit hex number: {value[:40]!r}")
+        raise NvidiaParseError(f"{key} is not a 64-bit hex number: {excerpt(value)}")
     return int(value, 16)
 
 
@@ -660,14 +661,16 @@ def parse_nvml_replay(text: str) -> ReplayNvml:
     return ReplayNvml(devices, init)
 
 
-def load_nvml_replay(path: Path) -> ReplayNvml:
+def load_nvml_replay(path: Path, fs: HostFS | None = None) -> ReplayNvml:
+    """The replay at ``path``; the one a captured root holds is read through its ``fs``, inside it."""
+    if fs is None or path != fs.path(RECORDED_NVML):
+        fs, rel = HostFS.at(path.parent), path.name
+    else:
+        rel = RECORDED_NVML
     try:
-        with path.open("rb") as f:
-            data = f.read(_MAX_REPLAY_BYTES + 1)
-    except OSError as exc:
-        raise NvidiaParseError(f"cannot read: {exc.strerror or exc}") from exc
-    if len(data) > _MAX_REPLAY_BYTES:
-        raise NvidiaParseError(f"larger than {_MAX_REPLAY_BYTES} bytes")
+        data = fs.read_bytes(rel, _MAX_REPLAY_BYTES)
+    except HostReadError as exc:
+        raise NvidiaParseError(f"cannot read: {exc.reason}") from exc
     return parse_nvml_replay(data.decode("utf-8", "replace"))
 
 
@@ -773,7 +776,7 @@ def probe(ctx: ProbeContext, *, api: NvmlApi | None = None) -> ProbeResult[Accel
 def _choose_api(ctx: ProbeContext, sb: StatusBuilder) -> tuple[NvmlApi | None, str | None]:
     if ctx.nvml_replay is not None:
         try:
-            return load_nvml_replay(ctx.nvml_replay), None
+            return load_nvml_replay(ctx.nvml_replay, ctx.fs), None
         except NvidiaParseError as exc:
             sb.problem(f"{ctx.nvml_replay.name}: {exc}")
             return None, "recording unusable"
@@ -832,7 +835,7 @@ def _query_device(api: NvmlApi, i: int, sb: StatusBuilder, max_nodes: int, max_c
     if bus is not None:
         gpu.bdf = normalize_bdf(bus) or ""
         if not gpu.bdf:
-            sb.problem(f"GPU {i}: {CALLS['pci_bus_id']}: not a PCI address: {bus[:40]!r}")
+            sb.problem(f"GPU {i}: {CALLS['pci_bus_id']}: not a PCI address: {excerpt(bus)}")
     gpu.memory_bytes = ask("memory_total", lambda: api.memory_total(i)) or 0
     numa_id = ask("numa_node_id", lambda: api.numa_node_id(i))
     gpu.numa_node_id = numa_id if numa_id is not None and numa_id >= 0 else None

@@ -101,6 +101,9 @@ class ProbeContext:
     libraries_live: bool = False
     nvml_replay: Path | None = None
     scope: DiscoveryScope | None = None
+    # How long one probe may run before its source is reported unavailable and discovery goes on
+    # without it. Generous: a vendor probe may wait out several tool timeouts (runner.py).
+    deadline_s: float = 60.0
 
     @classmethod
     def live(cls) -> ProbeContext:
@@ -110,10 +113,9 @@ class ProbeContext:
     def at_root(cls, root: str | Path, **kw: object) -> ProbeContext:
         """A captured root: its tools and NVML are replayed from what was recorded with it."""
         fs = HostFS.at(root)
-        kw.setdefault("runner", RecordedRunner.from_dir(fs.path(RECORDED_TOOLS_DIR)))
-        replay = fs.path(RECORDED_NVML)
-        if "nvml_replay" not in kw and replay.is_file():
-            kw["nvml_replay"] = replay
+        kw.setdefault("runner", RecordedRunner.from_fs(fs, RECORDED_TOOLS_DIR))
+        if "nvml_replay" not in kw and fs.is_file(RECORDED_NVML):
+            kw["nvml_replay"] = fs.path(RECORDED_NVML)  # read through fs (nvidia.load_nvml_replay)
         return cls(fs, **kw)  # type: ignore[arg-type]
 
     @property
@@ -135,14 +137,24 @@ class StatusBuilder:
     one unreadable attribute must not cost the whole source.
     """
 
+    # A source's reasons are for a person: a tree of 100,000 broken entries gets the first of them
+    # and a count, not a status message the size of the tree.
+    MAX_REASONS = 50
+    MAX_REASON_CHARS = 400
+
     def __init__(self, source: str) -> None:
         self.source = source
         self.reasons: list[str] = []
+        self.more = 0
         self.unavailable_reason: str | None = None
         self._t0 = time.perf_counter()
 
     def problem(self, reason: str | HostReadError) -> None:
-        self.reasons.append(str(reason))
+        if len(self.reasons) >= self.MAX_REASONS:
+            self.more += 1
+            return
+        text = str(reason)
+        self.reasons.append(text if len(text) <= self.MAX_REASON_CHARS else text[:self.MAX_REASON_CHARS] + "…")
 
     def unavailable(self, reason: str) -> None:
         self.unavailable_reason = reason
@@ -152,4 +164,5 @@ class StatusBuilder:
         if self.unavailable_reason is not None:
             return SourceStatus(self.source, State.UNAVAILABLE, (self.unavailable_reason,), elapsed)
         state = State.DEGRADED if self.reasons else State.OK
-        return SourceStatus(self.source, state, tuple(self.reasons), elapsed)
+        more = (f"and {self.more} more problems",) if self.more else ()
+        return SourceStatus(self.source, state, (*self.reasons, *more), elapsed)

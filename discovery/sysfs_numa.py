@@ -6,9 +6,13 @@ huge pages. Per-CPU topology is hwloc's job; nothing here reads ``cpuN/`` direct
 
 from __future__ import annotations
 
+import dataclasses
+
+from memtopo.cpulist import MAX_ID, format_cpulist
 from memtopo.discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.hostfs import HostReadError
+from memtopo.text import excerpt
 
 SOURCE = "sysfs.numa"
 
@@ -45,13 +49,14 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysNuma]:
     except HostReadError as exc:
         sb.problem(exc)
         entries = []
-    node_ids = sorted(int(e[4:]) for e in entries if e.startswith("node") and e[4:].isdigit())
+    node_ids = dir_ids(sb, NODE_DIR, entries, "node")
     online = masks["online"]
     # The kernel prints one column per online node; without `online` (old kernels) the node
     # directories present are the best guess at what was online.
     distance_nodes = online if online is not None else tuple(node_ids)
 
-    nodes = tuple(_node(ctx, sb, nid, len(distance_nodes)) for nid in node_ids)
+    nodes = _one_node_per_cpu(ctx, sb, tuple(_node(ctx, sb, nid, len(distance_nodes)) for nid in node_ids),
+                              cpus_online)
     data = SysNuma(
         possible=masks["possible"], online=online, has_cpu=masks["has_cpu"],
         has_memory=masks["has_memory"], has_normal_memory=masks["has_normal_memory"],
@@ -62,11 +67,25 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysNuma]:
     return ProbeResult(data, sb.finish())
 
 
+def dir_ids(sb: StatusBuilder, rel: str, entries: list[str], prefix: str) -> list[int]:
+    """The ids of ``<prefix>N`` entries of a directory, sorted; one beyond any id the kernel gives
+    (cpulist.MAX_ID) is a problem and left out."""
+    ids = []
+    for e in entries:
+        digits = e[len(prefix):]
+        if e.startswith(prefix) and digits.isdigit() and digits.isascii():
+            if len(digits) > 6 or int(digits) >= MAX_ID:
+                sb.problem(f"{rel}/{excerpt(e)}: id out of range (at most {MAX_ID - 1}); left out")
+                continue
+            ids.append(int(digits))
+    return sorted(ids)
+
+
 def _read_uint(ctx: ProbeContext, rel: str) -> int:
     """A decimal attribute. Stricter than int(), which also takes "+1", "1_0" and non-ASCII digits."""
     text = ctx.fs.read_attr(rel)
     if not (text.isdigit() and text.isascii()):
-        raise HostReadError(rel, f"not an unsigned integer: {text[:40]!r}")
+        raise HostReadError(rel, f"not an unsigned integer: {excerpt(text)}")
     return int(text)
 
 
@@ -84,19 +103,86 @@ def _cpu_masks(ctx: ProbeContext, sb: StatusBuilder) -> tuple[Ids, Ids, Ids]:
     online = _optional_list(ctx, sb, f"{CPU_DIR}/online")
     possible = _optional_list(ctx, sb, f"{CPU_DIR}/possible")
     present = _optional_list(ctx, sb, f"{CPU_DIR}/present")
-    if online is None or possible is None or present is None:
-        # Kernels too old for these masks (the ia64 dumps) still list one cpuN directory per
-        # registered CPU; one listdir stands in for the missing masks without per-CPU reads.
-        try:
-            listed = tuple(sorted(int(e[3:]) for e in ctx.fs.listdir(CPU_DIR)
-                                  if e.startswith("cpu") and e[3:].isdigit()))
-        except HostReadError as exc:
-            sb.problem(exc)
-            listed = ()
-        online = listed if online is None else online
-        possible = listed if possible is None else possible
-        present = listed if present is None else present
+    # Kernels too old for these masks (the ia64 dumps) still list one cpuN directory per
+    # registered CPU, and every kernel does: it also tells a mask naming CPUs no directory has
+    # (cpu/online = 0-65535 in a two-CPU capture) for what it is.
+    try:
+        listed = tuple(sorted(int(e[3:]) for e in ctx.fs.listdir(CPU_DIR)
+                              if e.startswith("cpu") and e[3:].isdigit()))
+    except HostReadError as exc:
+        sb.problem(exc)
+        listed = ()
+    if online is None:
+        # Without the mask, each CPU says for itself (cpuN/online; the boot CPU often has none).
+        online = tuple(c for c in listed if _cpu_online(ctx, sb, c))
+    possible = listed if possible is None else possible
+    present = listed if present is None else present
+    if listed:
+        known = set(listed)
+        for name, mask in (("online", online), ("present", present)):
+            extra = [c for c in mask if c not in known]
+            if extra:
+                sb.problem(f"{CPU_DIR}/{name}: CPUs {format_cpulist(extra)} have no cpuN directory; left out")
+        online = tuple(c for c in online if c in known)
+        present = tuple(c for c in present if c in known)
     return online, possible, present
+
+
+def _cpu_online(ctx: ProbeContext, sb: StatusBuilder, cpu: int) -> bool:
+    rel = f"{CPU_DIR}/cpu{cpu}/online"
+    try:
+        text = ctx.fs.read_attr(rel)
+    except HostReadError as exc:
+        if exc.reason != "missing":
+            sb.problem(exc)
+        return True  # no file: a CPU that cannot be taken offline
+    if text == "":
+        return True  # captures (hwloc's) keep some attributes as empty files: nothing said
+    if text not in ("0", "1"):
+        sb.problem(HostReadError(rel, f"not 0 or 1: {excerpt(text)}"))
+        return True
+    return text == "1"
+
+
+def _one_node_per_cpu(ctx: ProbeContext, sb: StatusBuilder, nodes: tuple[SysNode, ...],
+                      cpus_online: Ids) -> tuple[SysNode, ...]:
+    """Each CPU in one node, and only online CPUs in a node.
+
+    The kernel maps a CPU to exactly one node and takes it out of its node when it goes offline; a
+    tree that lists a CPU in several nodes (firmware that put every CPU in every node, a bad
+    capture) is reported as a problem, and the CPU is kept in the node its own ``cpuN/nodeM`` link
+    names, else in the lowest of them. hwloc, which reads the same lists, merges such nodes
+    instead; memtopo keeps the nodes (their memory is real) and gives each CPU one home, because
+    every consumer of the topology (placement, CPU binding) needs a partition of the CPUs."""
+    online = set(cpus_online)
+    owners: dict[int, list[int]] = {}
+    for node in nodes:
+        for c in node.cpus:
+            owners.setdefault(c, []).append(node.id)
+    shared = {c: ns for c, ns in owners.items() if len(ns) > 1}
+    home: dict[int, int] = {}
+    if shared:
+        for c, ns in sorted(shared.items()):
+            links = [n for n in ns if ctx.fs.exists(f"{CPU_DIR}/cpu{c}/node{n}")]
+            home[c] = links[0] if len(links) == 1 else ns[0]
+        by_nodes: dict[tuple[int, ...], list[int]] = {}
+        for c, ns in shared.items():
+            by_nodes.setdefault(tuple(ns), []).append(c)
+        for listed_in, cpus in sorted(by_nodes.items()):
+            sb.problem(f"{NODE_DIR}: CPUs {format_cpulist(cpus)} are listed in nodes {format_cpulist(listed_in)}; "
+                       f"each kept in one node ({_homes(cpus, home)})")
+    out = []
+    for node in nodes:
+        keep = tuple(c for c in node.cpus if (not online or c in online) and home.get(c, node.id) == node.id)
+        out.append(node if keep == node.cpus else dataclasses.replace(node, cpus=keep))
+    return tuple(out)
+
+
+def _homes(cpus: list[int], home: dict[int, int]) -> str:
+    by_home: dict[int, list[int]] = {}
+    for c in cpus:
+        by_home.setdefault(home[c], []).append(c)
+    return ", ".join(f"{format_cpulist(cs)} in node {n}" for n, cs in sorted(by_home.items()))
 
 
 def _single_node(ctx: ProbeContext, sb: StatusBuilder, cpus_online: Ids, cpus_possible: Ids,
@@ -158,7 +244,7 @@ def _parse_meminfo(ctx: ProbeContext, sb: StatusBuilder, rel: str, *, node_prefi
             continue
         value = parts[key_at + 1]
         if not value.isdigit() or not value.isascii():
-            sb.problem(HostReadError(rel, f"{key} is not a number: {value[:40]!r}"))
+            sb.problem(HostReadError(rel, f"{key} is not a number: {excerpt(value)}"))
             found[key] = 0
         else:
             found[key] = int(value) * 1024
@@ -183,7 +269,7 @@ def _distance_row(ctx: ProbeContext, sb: StatusBuilder, rel: str, ncols: int) ->
     except ValueError:
         row = None
     if row is None or (row and min(row) < 0):
-        sb.problem(HostReadError(rel, f"not a row of integers: {text.strip()[:60]!r}"))
+        sb.problem(HostReadError(rel, f"not a row of integers: {excerpt(text.strip(), 60)}"))
         return ()
     if len(row) != ncols:
         # Columns map to the online nodes by position; a row of another length cannot be placed.
@@ -199,7 +285,7 @@ def _access(ctx: ProbeContext, sb: StatusBuilder, base: str, access_class: int) 
     except HostReadError as exc:
         sb.problem(exc)
         entries = []
-    initiators = tuple(sorted(int(e[4:]) for e in entries if e.startswith("node") and e[4:].isdigit()))
+    initiators = tuple(dir_ids(sb, rel, entries, "node"))
     if not initiators and not any(p in entries for p in _PERF_FILES):
         # An initiator-only node (CPUs, no memory) gets accessK/targets and an empty initiators/:
         # it is nobody's target, so it has no entry of its own.

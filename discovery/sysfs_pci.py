@@ -13,8 +13,9 @@ import posixpath
 from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
 from memtopo.discovery.parts import Ids, MdevInfo, PciInfo, SysPci
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.hostfs import HostFS, HostReadError
+from memtopo.hostfs import MAX_PCI_FUNCTIONS, HostFS, HostReadError
 from memtopo.pci import parse_bdf
+from memtopo.text import excerpt
 
 SOURCE = "sysfs.pci"
 
@@ -111,7 +112,11 @@ def _probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
         return ProbeResult(SysPci(()), sb.finish())
     rd = AttrReader(ctx.fs, sb)
     found: list[tuple[tuple[int, int, int, int], str]] = []
-    for name in rd.listdir(PCI_DEVICES):
+    names = rd.listdir(PCI_DEVICES)
+    if len(names) > MAX_PCI_FUNCTIONS:
+        sb.problem(f"{PCI_DEVICES}: {len(names)} entries, more than any host has; read the first {MAX_PCI_FUNCTIONS}")
+        names = names[:MAX_PCI_FUNCTIONS]
+    for name in names:
         key = parse_bdf(name)
         if key is None:
             sb.problem(f"{PCI_DEVICES}/{name}: not a PCI address")
@@ -121,7 +126,8 @@ def _probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
     devices: dict[str, PciInfo] = {}
     for _, name in found:
         try:
-            devices[name] = _device(rd, name)
+            if (dev := _device(rd, name)) is not None:
+                devices[name] = dev
         except (HostReadError, ValueError, OSError) as exc:  # belt and braces: one device, not all
             sb.problem(f"{PCI_DEVICES}/{name}: {exc}")
     _inherit_vf_nodes(devices)
@@ -144,9 +150,13 @@ def _upstream(rd: AttrReader, base: str, bdf: str) -> tuple[str, ...]:
     return tuple(chain[:-1]) if chain and chain[-1] == bdf else ()
 
 
-def _device(rd: AttrReader, bdf: str) -> PciInfo:
+def _device(rd: AttrReader, bdf: str) -> PciInfo | None:
     base = f"{PCI_DEVICES}/{bdf}"
     entries = set(rd.listdir(base))
+    if not entries:
+        # A link to a device directory the capture does not have: one problem, not one per attribute.
+        rd.sb.problem(f"{base}: not a device directory (a dangling link, or empty)")
+        return None
 
     def hex_attr(attr: str, required: bool) -> int:
         if attr not in entries:
@@ -237,7 +247,7 @@ def _uevent_ids(rd: AttrReader, base: str) -> dict[str, int | str]:
             elif key == "DRIVER":
                 out["driver"] = value
         except ValueError:
-            rd.sb.problem(f"{base}/uevent: malformed {key}={value[:40]!r}")
+            rd.sb.problem(f"{base}/uevent: malformed {key}={excerpt(value)}")
     return out
 
 

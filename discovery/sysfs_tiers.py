@@ -5,7 +5,9 @@ from __future__ import annotations
 from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.discovery.parts import KernelTier, SysTiers
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.sysfs_numa import dir_ids
 from memtopo.hostfs import HostReadError
+from memtopo.text import excerpt
 
 SOURCE = "sysfs.memory_tiers"
 
@@ -30,8 +32,7 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysTiers]:
         sb.problem(exc)
         entries = []
     tiers: list[KernelTier] = []
-    for tier_id in sorted(int(e[len(_PREFIX):]) for e in entries
-                          if e.startswith(_PREFIX) and e[len(_PREFIX):].isdigit()):
+    for tier_id in dir_ids(sb, TIER_DIR, entries, _PREFIX):
         # The ABI doc says `nodes`, but mm/memory-tiers.c registers `nodelist`.
         rel = f"{TIER_DIR}/{_PREFIX}{tier_id}/nodelist"
         try:
@@ -58,5 +59,5 @@ def _demotion(ctx: ProbeContext, sb: StatusBuilder) -> bool | None:
         return True
     if value in ("false", "0", "n", "no", "off"):
         return False
-    sb.problem(HostReadError(DEMOTION, f"not a boolean: {text[:40]!r}"))
+    sb.problem(HostReadError(DEMOTION, f"not a boolean: {excerpt(text)}"))
     return None

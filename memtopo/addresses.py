@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from memtopo.text import excerpt
+from memtopo.text import shorten
 
 
 class AddressError(ValueError):
@@ -26,25 +26,25 @@ def parse_host_port(s: str) -> tuple[str, int]:
     if s.startswith("["):
         host, sep, rest = s[1:].partition("]")
         if not sep or not rest.startswith(":"):
-            raise AddressError(f"{excerpt(s)}: expected [IPv6]:PORT")
+            raise AddressError(f"{shorten(s)}: expected [IPv6]:PORT")
         port_text = rest[1:]
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise AddressError(f"{excerpt(s)}: {excerpt(host)} is not an IPv6 address") from None
+            raise AddressError(f"{shorten(s)}: {shorten(host)} is not an IPv6 address") from None
     else:
         host, sep, port_text = s.rpartition(":")
         if not sep:
-            raise AddressError(f"{excerpt(s)}: expected HOST:PORT")
+            raise AddressError(f"{shorten(s)}: expected HOST:PORT")
         if ":" in host:
-            raise AddressError(f"{excerpt(s)}: an IPv6 address needs brackets: [{host}]:{port_text}")
+            raise AddressError(f"{shorten(s)}: an IPv6 address needs brackets: [{host}]:{port_text}")
         if not host:
-            raise AddressError(f"{excerpt(s)}: no host (0.0.0.0:PORT or [::]:PORT for every interface)")
+            raise AddressError(f"{shorten(s)}: no host (0.0.0.0:PORT or [::]:PORT for every interface)")
         if not _valid_hostname(host):
-            raise AddressError(f"{excerpt(s)}: {excerpt(host)} is not a host name or address")
+            raise AddressError(f"{shorten(s)}: {shorten(host)} is not a host name or address")
     # isdecimal() also takes other scripts' digits, which int() would accept.
     if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) or int(port_text) > 65535:
-        raise AddressError(f"{excerpt(s)}: port {excerpt(port_text)} is not a number 0-65535")
+        raise AddressError(f"{shorten(s)}: port {shorten(port_text)} is not a number 0-65535")
     return host, int(port_text)
 
 

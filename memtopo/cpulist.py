@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from memtopo.text import excerpt
+
 # Far above any real machine (the kernel's NR_CPUS tops out at 8192); stops "0-4294967295" from
 # allocating a list of four billion ints out of a corrupted file.
 MAX_ID = 1 << 16
@@ -25,25 +27,25 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
     for chunk in text.split(","):
         chunk = chunk.strip()
         if not chunk:
-            raise CpuListError(f"empty element in {text!r}")
+            raise CpuListError(f"empty element in {excerpt(text)}")
         rng, _, stride_spec = chunk.partition(":")
         lo_s, dash, hi_s = rng.partition("-")
         lo, hi = _to_id(lo_s, text), _to_id(hi_s, text) if dash else None
         if hi is None:
             if stride_spec:
-                raise CpuListError(f"stride without a range in {text!r}")
+                raise CpuListError(f"stride without a range in {excerpt(text)}")
             ids.add(lo)
             continue
         if hi < lo:
-            raise CpuListError(f"descending range {chunk!r} in {text!r}")
+            raise CpuListError(f"descending range {excerpt(chunk)} in {excerpt(text)}")
         used, group = 1, 1
         if stride_spec:
             used_s, slash, group_s = stride_spec.partition("/")
             if not slash:
-                raise CpuListError(f"malformed stride {chunk!r}")
+                raise CpuListError(f"malformed stride {excerpt(chunk)}")
             used, group = _to_id(used_s, text), _to_id(group_s, text)
             if used == 0 or group == 0 or used > group:
-                raise CpuListError(f"malformed stride {chunk!r}")
+                raise CpuListError(f"malformed stride {excerpt(chunk)}")
         if group == 1:
             ids.update(range(lo, hi + 1))
             continue
@@ -55,10 +57,10 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
 def _to_id(s: str, whole: str) -> int:
     s = s.strip()
     if not s.isdigit() or not s.isascii():
-        raise CpuListError(f"not a number: {s!r} in {whole!r}")
+        raise CpuListError(f"not a number: {excerpt(s)} in {excerpt(whole)}")
     value = int(s)
     if value >= MAX_ID:
-        raise CpuListError(f"id {value} out of range in {whole!r}")
+        raise CpuListError(f"id {value} out of range in {excerpt(whole)}")
     return value
 
 
@@ -72,7 +74,7 @@ def parse_mask(text: str) -> tuple[int, ...]:
     try:
         value = int(digits, 16)
     except ValueError as exc:
-        raise CpuListError(f"not a hex mask: {text!r}") from exc
+        raise CpuListError(f"not a hex mask: {excerpt(text)}") from exc
     if value.bit_length() > MAX_ID:
         raise CpuListError(f"mask too wide: {len(digits)} hex digits")
     out, bit = [], 0

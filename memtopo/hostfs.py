@@ -1,24 +1,48 @@
 """Reading a host's /sys and /proc under a root, so every probe runs unchanged on a captured tree.
 
-All paths are relative to the root ("sys/devices/system/node"); a path that would leave the root
-(``..``, an absolute symlink pointing outside) is refused. Reads return typed errors that the probe
-turns into a degraded status: nothing here raises anything but :class:`HostReadError`.
+All paths are relative to the root ("sys/devices/system/node"). Under a captured root every lookup
+stays inside it: the root is the ``/`` of its paths, so ``..`` stops at it and an absolute symlink
+means that path *in the capture* (sysfs's own relative links, ``../../../devices/…``, resolve as on
+the host they came from). The kernel does that walk itself (``openat2`` with ``RESOLVE_IN_ROOT``);
+where it cannot, the same walk is done here one component at a time with ``O_NOFOLLOW``. Reads are
+of regular files only (a FIFO or a device in a capture is an error, never a wait or an endless
+stream) and bounded in size. Reads return typed errors that the probe turns into a degraded
+status: nothing here raises anything but :class:`HostReadError`.
+
+The live root (``/``) is the kernel's own tree and is read directly.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import functools
 import os
+import stat
+import struct
+import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
+from memtopo.text import excerpt
 
-# sysfs attributes are one page at most; a larger file is not what we think it is.
+# A text file (/proc/self/mountinfo, a node's meminfo, a distance row of a 1024-node machine).
 MAX_ATTR_BYTES = 1 << 20
+# A one-record attribute: the kernel prints those into one page, and pages are 64 KiB at most.
+MAX_RECORD_BYTES = 1 << 16
 _READ_CHUNK = 1 << 16
 # A kernel list attribute is one line; a single read this size that comes back full is read again.
 RECORD_CHUNK = 1 << 14
+# Symlinks followed in one lookup before it is refused (the kernel's own MAXSYMLINKS).
+MAX_SYMLINKS = 40
+_TREE_CHECK_LOCK = threading.Lock()
+
+_O_PATH = getattr(os, "O_PATH", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+_DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY | os.O_NONBLOCK
+_PATH_FLAGS = _O_PATH | os.O_CLOEXEC
 
 
 class HostReadError(Exception):
@@ -28,6 +52,116 @@ class HostReadError(Exception):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+def _os_reason(exc: OSError) -> str:
+    if exc.errno == errno.ENOENT:
+        return "missing"
+    if exc.errno == errno.ELOOP:
+        return "too many levels of symbolic links"
+    return exc.strerror or type(exc).__name__
+
+
+# ---- confined lookup -------------------------------------------------------------------------------
+_SYS_OPENAT2 = 437  # the same number on every architecture (it is in the generic syscall table)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+
+
+class _Openat2:
+    """openat2(2) through libc's syscall(), or None where the kernel or a seccomp filter lacks it."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._call = libc.syscall
+        self._call.restype = ctypes.c_long
+        self._call.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
+        self._how: dict[int, bytes] = {}
+
+    def __call__(self, dirfd: int, rel: str, flags: int) -> int:
+        how = self._how.get(flags)
+        if how is None:
+            how = self._how[flags] = struct.pack("=QQQ", flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+        fd = self._call(_SYS_OPENAT2, dirfd, os.fsencode(rel), how, 24)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return int(fd)
+
+
+@functools.cache
+def _openat2() -> _Openat2 | None:
+    """The kernel's in-root walk when this process may use it (Linux 5.6+, no seccomp refusal)."""
+    try:
+        call = _Openat2()
+        root = os.open("/", _PATH_FLAGS | os.O_DIRECTORY)
+    except (OSError, AttributeError):
+        return None
+    try:
+        os.close(call(root, ".", _PATH_FLAGS))
+    except OSError:
+        return None
+    finally:
+        os.close(root)
+    return call
+
+
+def _walk(root_fd: int, rel: str, flags: int) -> tuple[int, list[str]]:
+    """Open ``rel`` below ``root_fd`` as openat2's RESOLVE_IN_ROOT would, one component at a time:
+    every component opened with O_NOFOLLOW, every symlink read and spliced in by hand (an absolute
+    one restarting at the root, ``..`` never above it). Returns the fd and the resolved components."""
+    # "." and empty components stay: after a name they require it to be a directory ("file/." is
+    # ENOTDIR for the kernel too).
+    pending = [p or "." for p in reversed(rel.split("/"))]
+    names: list[str] = []
+    fds: list[int] = []  # the open directories of ``names``
+    links = 0
+    try:
+        while pending:
+            name = pending.pop()
+            if name == ".":
+                continue
+            if name == "..":
+                if names:
+                    names.pop()
+                    os.close(fds.pop())
+                continue
+            parent = fds[-1] if fds else root_fd
+            last = not pending
+            target: str | None = None
+            try:
+                fd = os.open(name, (flags if last else _PATH_FLAGS | os.O_DIRECTORY) | os.O_NOFOLLOW,
+                             dir_fd=parent)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                try:
+                    target = os.readlink(name, dir_fd=parent)
+                except OSError:
+                    raise exc from None
+            else:
+                if last and flags & _O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    target = os.readlink(name, dir_fd=parent)
+            if target is None:
+                if last:
+                    return fd, [*names, name]
+                names.append(name)
+                fds.append(fd)
+                continue
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            if target.startswith("/"):
+                names.clear()
+                while fds:
+                    os.close(fds.pop())
+            pending.extend(p or "." for p in reversed(target.lstrip("/").split("/")))
+        # Every component was ``..`` or a link back up: the lookup ends at a directory.
+        return os.open(".", flags, dir_fd=fds[-1] if fds else root_fd), names
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -41,6 +175,36 @@ class HostFS:
         root = str(self.root)
         return "" if root == "/" else root
 
+    @functools.cached_property
+    def _root_fd(self) -> int:
+        """The root, held open for the in-root lookups of a captured tree; closed with this object."""
+        try:
+            fd = os.open(self.root, _PATH_FLAGS | os.O_DIRECTORY)
+        except OSError as exc:
+            raise HostReadError("", f"root {excerpt(str(self.root), 200)}: {_os_reason(exc)}") from exc
+        weakref.finalize(self, os.close, fd)
+        return fd
+
+    @property
+    def tree_problems(self) -> tuple[str, ...]:
+        """check_tree of a captured root, made once per HostFS, on first use (a root is checked when
+        it is opened, as a tarball's members are when it is extracted); the live root has none."""
+        found: tuple[str, ...] | None = self.__dict__.get("_tree_problems")
+        if found is None:
+            with _TREE_CHECK_LOCK:  # probes on several threads ask at once: check once
+                found = self.__dict__.get("_tree_problems")
+                if found is None:
+                    found = tuple(check_tree(self.root)) if self._root_str else ()
+                    self.__dict__["_tree_problems"] = found
+        return found
+
+    @property
+    def _confined(self) -> bool:
+        """Whether lookups must be made inside the root one by one: a captured tree that holds a
+        link out of it, a FIFO, a device or an oversized file. A tree without any (every real
+        capture) is read by plain paths, which then cannot leave it, at the cost they always had."""
+        return bool(self._root_str) and bool(self.tree_problems)
+
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> HostFS:
         return cls(Path(root).absolute())
@@ -50,7 +214,8 @@ class HostFS:
         return self.root == Path("/")
 
     def path(self, rel: str) -> Path:
-        """The absolute path of ``rel`` under the root, refusing ``..`` components."""
+        """The absolute path of ``rel`` under the root, refusing ``..`` components. A path only:
+        what it names may be a link out of the root; read through this class, not through it."""
         return Path(self.join(rel))
 
     def join(self, rel: str) -> str:
@@ -60,36 +225,100 @@ class HostFS:
             raise HostReadError(rel, "path leaves the root")
         return f"{self._root_str}/{rel}" if rel else (self._root_str or "/")
 
-    def exists(self, rel: str) -> bool:
+    def open_fd(self, rel: str, flags: int) -> int:
+        """An fd for ``rel`` opened with ``flags``; under a captured root looked up inside it.
+        Raises OSError (callers turn it into HostReadError)."""
+        if not self._confined:
+            return os.open(self.join(rel), flags)
+        rel = rel.lstrip("/")
+        if ".." in rel.split("/"):
+            raise OSError(errno.EXDEV, "path leaves the root")
+        call = _openat2()
+        if call is not None:
+            try:
+                return call(self._root_fd, rel or ".", flags)
+            except OSError as exc:
+                if exc.errno != errno.EAGAIN:  # a concurrent rename: walk it by hand instead
+                    raise
+        return _walk(self._root_fd, rel, flags)[0]
+
+    def _stat(self, rel: str) -> os.stat_result | None:
         try:
-            return os.path.exists(self.join(rel))
+            if not self._confined:
+                return os.stat(self.join(rel))
+            fd = self.open_fd(rel, _PATH_FLAGS)
         except (HostReadError, OSError):
-            return False
+            return None
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def exists(self, rel: str) -> bool:
+        return self._stat(rel) is not None
 
     def is_dir(self, rel: str) -> bool:
-        try:
-            return os.path.isdir(self.join(rel))
-        except (HostReadError, OSError):
-            return False
+        st = self._stat(rel)
+        return st is not None and stat.S_ISDIR(st.st_mode)
+
+    def is_file(self, rel: str) -> bool:
+        st = self._stat(rel)
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     def listdir(self, rel: str) -> list[str]:
         """Sorted entries of a directory; a missing directory is an empty list, not an error."""
         try:
-            return sorted(os.listdir(self.join(rel)))
+            if not self._confined:
+                return sorted(os.listdir(self.join(rel)))
+            fd = self.open_fd(rel, _DIR_FLAGS)
         except FileNotFoundError:
             return []
         except NotADirectoryError:
             return []
         except OSError as exc:
-            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
-
-    def _open(self, rel: str) -> int:
+            raise HostReadError(rel, _os_reason(exc)) from exc
         try:
-            return os.open(self.join(rel), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as exc:
-            raise HostReadError(rel, "missing") from exc
+            return sorted(os.listdir(fd))
         except OSError as exc:
-            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+            raise HostReadError(rel, _os_reason(exc)) from exc
+        finally:
+            os.close(fd)
+
+    def _open(self, rel: str, limit: int) -> int:
+        """A regular file opened for reading, no larger than ``limit`` (a captured root's). In a
+        tree that failed the check, what the lookup found is looked at (an O_PATH handle, fstat)
+        before it is opened for reading, so a device is never opened and a FIFO never waited on;
+        the reopen goes through the handle (/proc/self/fd), not the path, so it is the same file."""
+        if not self._confined:
+            # The kernel's own files (sysfs and procfs sizes say nothing: 4096, 0), or a checked
+            # tree of regular files; O_NONBLOCK all the same, and the read loops stop at the limit.
+            try:
+                return self.open_fd(rel, _READ_FLAGS)
+            except OSError as exc:
+                raise HostReadError(rel, _os_reason(exc)) from exc
+        try:
+            handle = self.open_fd(rel, _PATH_FLAGS)
+        except OSError as exc:
+            raise HostReadError(rel, _os_reason(exc)) from exc
+        try:
+            st = os.fstat(handle)
+            if not stat.S_ISREG(st.st_mode):
+                raise HostReadError(rel, f"not a regular file ({_kind(st.st_mode)})")
+            if st.st_size > limit:
+                raise HostReadError(rel, f"larger than {limit} bytes ({st.st_size})")
+            try:
+                fd = os.open(f"/proc/self/fd/{handle}", _READ_FLAGS)
+            except FileNotFoundError:  # no /proc here: look it up again, and check what was opened
+                fd = self.open_fd(rel, _READ_FLAGS)
+                again = os.fstat(fd)
+                if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+                    os.close(fd)
+                    raise HostReadError(rel, "changed while it was opened") from None
+            return fd
+        except OSError as exc:
+            raise HostReadError(rel, _os_reason(exc)) from exc
+        finally:
+            os.close(handle)
 
     @staticmethod
     def _decode(rel: str, data: bytes) -> str:
@@ -98,40 +327,43 @@ class HostFS:
         except UnicodeDecodeError as exc:
             raise HostReadError(rel, "not UTF-8 text") from exc
 
-    def read_text(self, rel: str) -> str:
+    def read_text(self, rel: str, limit: int = MAX_ATTR_BYTES) -> str:
+        return self._decode(rel, self.read_bytes(rel, limit))
+
+    def read_bytes(self, rel: str, limit: int = MAX_ATTR_BYTES) -> bytes:
         # os.read with a page-sized buffer: a buffered read(MAX) allocates the whole limit per call,
         # which dominated discovery on machines with thousands of attributes.
-        fd = self._open(rel)
+        fd = self._open(rel, limit)
         try:
             chunks = []
             total = 0
             while chunk := os.read(fd, _READ_CHUNK):
                 chunks.append(chunk)
                 total += len(chunk)
-                if total > MAX_ATTR_BYTES:
-                    raise HostReadError(rel, f"larger than {MAX_ATTR_BYTES} bytes")
+                if total > limit:
+                    raise HostReadError(rel, f"larger than {limit} bytes")
         except OSError as exc:
-            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+            raise HostReadError(rel, _os_reason(exc)) from exc
         finally:
             os.close(fd)
-        return self._decode(rel, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def read_record(self, rel: str) -> str:
         """A one-record kernel attribute (``/proc/irq/N/*``, a cgroup or sysfs file), unstripped, in
         one read(2): its show routine fills the buffer at once, so a short read is all of it and the
         read that would return 0 is saved. A read that fills the buffer is read again in full."""
-        fd = self._open(rel)
+        fd = self._open(rel, MAX_RECORD_BYTES)
         try:
             data = os.read(fd, RECORD_CHUNK)
         except OSError as exc:
-            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+            raise HostReadError(rel, _os_reason(exc)) from exc
         finally:
             os.close(fd)
         return self.record_text(rel, data)
 
     def record_text(self, rel: str, data: bytes) -> str:
         """The text of ``rel`` from one read of at most RECORD_CHUNK bytes (a full one may have more)."""
-        return self.read_text(rel) if len(data) >= RECORD_CHUNK else self._decode(rel, data)
+        return self.read_text(rel, MAX_RECORD_BYTES) if len(data) >= RECORD_CHUNK else self._decode(rel, data)
 
     def read_attr(self, rel: str) -> str:
         """A one-value sysfs attribute, stripped (some captured trees pad files with NULs)."""
@@ -143,7 +375,7 @@ class HostFS:
         try:
             return int(text, base)
         except ValueError as exc:
-            raise HostReadError(rel, f"not an integer: {text[:40]!r}") from exc
+            raise HostReadError(rel, f"not an integer: {excerpt(text)}") from exc
 
     def read_cpulist(self, rel: str) -> tuple[int, ...]:
         text = self.read_record(rel)
@@ -160,28 +392,141 @@ class HostFS:
             raise HostReadError(rel, str(exc)) from exc
 
     def readlink(self, rel: str) -> str:
-        """A symlink's target text, unresolved (sysfs links are relative: ``../../../devices/…``)."""
+        """A symlink's target text, unresolved (sysfs links are relative: ``../../../devices/…``).
+        Under a captured root the directory holding it is looked up inside the root."""
         try:
-            return os.readlink(self.join(rel))
-        except FileNotFoundError as exc:
-            raise HostReadError(rel, "missing") from exc
+            if not self._confined:
+                return os.readlink(self.join(rel))
+            parent, _, name = rel.strip("/").rpartition("/")
+            if name in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "not a symbolic link")
+            fd = self.open_fd(parent, _PATH_FLAGS | os.O_DIRECTORY)
+            try:
+                return os.readlink(name, dir_fd=fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
-            raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
+            raise HostReadError(rel, _os_reason(exc)) from exc
 
     def readlink_name(self, rel: str) -> str:
         """The last component of a symlink's target (``driver`` → ``nvme``)."""
         return os.path.basename(self.readlink(rel))
 
     def resolve(self, rel: str) -> str:
-        """The root-relative real path of ``rel``; refuses targets outside the root."""
-        p = self.path(rel)
+        """The root-relative real path of ``rel`` (it must exist), resolved inside the root."""
+        if not self._confined:
+            try:
+                real = os.path.realpath(self.join(rel), strict=True)
+                root = os.path.realpath(self.root)
+            except OSError as exc:
+                raise HostReadError(rel, _os_reason(exc)) from exc
+            if root == "/":
+                return real.lstrip("/")
+            if not real.startswith(root + "/"):  # a checked tree has no such link: belt and braces
+                raise HostReadError(rel, "resolves outside the root")
+            return real[len(root) + 1:]
         try:
-            real = p.resolve(strict=True)
-        except FileNotFoundError as exc:
-            raise HostReadError(rel, "missing") from exc
-        except (OSError, RuntimeError) as exc:
-            raise HostReadError(rel, f"cannot resolve: {exc}") from exc
-        root = self.root.resolve()
-        if real != root and root not in real.parents:
-            raise HostReadError(rel, "resolves outside the root")
-        return str(real.relative_to(root))
+            fd, names = _walk(self._root_fd, rel.lstrip("/"), _PATH_FLAGS)
+        except OSError as exc:
+            raise HostReadError(rel, _os_reason(exc)) from exc
+        os.close(fd)
+        return "/".join(names)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return f"mode {mode:o}"
+
+
+# ---- a tree handed to another reader -----------------------------------------------------------------
+# hwloc reads a captured root itself (HWLOC_FSROOT), with plain opens that follow every link against
+# the real / and read FIFOs and devices as files. Before it may, the tree is checked to be one it can
+# read safely: only directories, regular files (of bounded size) and relative links whose target
+# stays strictly below the root whatever the links it passes through resolve to.
+MAX_TREE_ENTRIES = 1_000_000
+MAX_TREE_FILE_BYTES = 64 << 20
+# PCI functions a host may have: 16 PFs with 1,000 VFs each, and then some. hwloc's and our work
+# grow with each entry of the bus directory (100,000 broken entries kept hwloc busy for minutes).
+MAX_PCI_FUNCTIONS = 16_384
+DIR_LIMITS = {"sys/bus/pci/devices": MAX_PCI_FUNCTIONS}
+_PROBLEMS_KEPT = 5
+
+
+def check_tree(root: Path, max_entries: int = MAX_TREE_ENTRIES,
+               max_file_bytes: int = MAX_TREE_FILE_BYTES) -> list[str]:
+    """What makes the tree under ``root`` unsafe to hand to a reader that follows links, opens
+    FIFOs and reads files whole: the first few entries (root-relative, quoted), and how many more.
+    Empty when it is safe."""
+    problems: list[str] = []
+    more = 0
+    seen = 0
+    pending: list[tuple[str, int]] = [("", 0)]
+    base = str(root)
+
+    def problem(rel: str, why: str) -> None:
+        nonlocal more
+        if len(problems) < _PROBLEMS_KEPT:
+            problems.append(f"{excerpt(rel, 120)}: {why}")
+        else:
+            more += 1
+
+    while pending:
+        rel_dir, depth = pending.pop()
+        try:
+            it = os.scandir(f"{base}/{rel_dir}" if rel_dir else base)
+        except OSError as exc:
+            problem(rel_dir or ".", _os_reason(exc))
+            continue
+        limit = DIR_LIMITS.get(rel_dir)
+        with it:
+            for count, entry in enumerate(it, 1):
+                if limit is not None and count > limit:
+                    problem(rel_dir, f"more than {limit} entries")
+                    break
+                seen += 1
+                if seen > max_entries:
+                    problems.append(f"more than {max_entries} entries")
+                    return problems
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                try:
+                    if entry.is_symlink():
+                        why = _link_problem(os.readlink(entry.path), depth)
+                        if why:
+                            problem(rel, why)
+                    elif entry.is_dir(follow_symlinks=False):
+                        pending.append((rel, depth + 1))
+                    elif entry.is_file(follow_symlinks=False):
+                        size = entry.stat(follow_symlinks=False).st_size
+                        if size > max_file_bytes:
+                            problem(rel, f"larger than {max_file_bytes} bytes ({size})")
+                    else:
+                        problem(rel, f"not a regular file ({_kind(entry.stat(follow_symlinks=False).st_mode)})")
+                except OSError as exc:
+                    problem(rel, _os_reason(exc))
+    if more:
+        problems.append(f"and {more} more")
+    return problems
+
+
+def _link_problem(target: str, depth: int) -> str | None:
+    """Why a link in a directory ``depth`` levels below the root may lead out of it, or None.
+
+    Safe: relative, its ``..`` all leading and fewer than ``depth`` (so it lands strictly below the
+    root), then only downward names. Every link passed on the way is held to the same rule, so no
+    walk through links climbs out; sysfs's own links (``../../../devices/pci0000:00/…``) are this form.
+    """
+    if target.startswith("/"):
+        return f"absolute link to {excerpt(target, 80)}"
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    up = 0
+    while up < len(parts) and parts[up] == "..":
+        up += 1
+    if ".." in parts[up:]:
+        return f"link {excerpt(target, 80)} climbs after descending"
+    if up > depth or (up == depth and up == len(parts)):
+        return f"link {excerpt(target, 80)} leaves the root"
+    return None

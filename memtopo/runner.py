@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from memtopo.hostfs import HostFS, HostReadError
+
 DEFAULT_TIMEOUT_S = 10.0
 
 
@@ -72,6 +74,8 @@ class SubprocessRunner:
 # Inside a captured root: tool outputs recorded with it (by `memtopo gather`, or a synthesized
 # fixture), so `topo --root` replays that host's tools instead of running this host's.
 RECORDED_TOOLS_DIR = ".memtopo/tools"
+# A tool's recorded output: the largest real one (npu-smi info -t topo on 16 NPUs) is a few KB.
+MAX_RECORDING_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,16 @@ class RecordedRunner:
         A file named ``*.exit<N>.txt`` replays a tool that printed it and exited with status N.
         A directory without ``argv.json`` replays no tool at all.
         """
-        index_path = tools / "argv.json"
+        return cls.from_fs(HostFS.at(tools), "")
+
+    @classmethod
+    def from_fs(cls, fs: HostFS, rel: str) -> RecordedRunner:
+        """As from_dir, for the directory ``rel`` of a root, every file read inside the root."""
+        base = f"{rel}/" if rel else ""
         try:
-            index = json.loads(index_path.read_text()) if index_path.is_file() else {}
-        except (OSError, ValueError):
+            index = json.loads(fs.read_bytes(f"{base}argv.json", MAX_RECORDING_BYTES)) \
+                if fs.exists(f"{base}argv.json") else {}
+        except (HostReadError, ValueError):
             index = {}
         recordings: dict[tuple[str, ...], ToolResult] = {}
         if not isinstance(index, dict):
@@ -103,8 +113,8 @@ class RecordedRunner:
             if "/" in fname or fname.startswith("."):
                 continue  # never read outside the tools directory
             try:
-                text = (tools / fname).read_text(encoding="utf-8", errors="replace")
-            except OSError:
+                text = fs.read_bytes(f"{base}{fname}", MAX_RECORDING_BYTES).decode("utf-8", "replace")
+            except HostReadError:
                 continue
             stem = fname.rsplit(".", 1)[0]
             _, sep, code_s = stem.rpartition(".exit")

@@ -4,10 +4,13 @@ a log nor forge lines in it."""
 
 from __future__ import annotations
 
-EXCERPT_CHARS = 60
+# A config value or an address shown back in an error message.
+SHORTEN_CHARS = 60
+# What a file, tool or request said, quoted in a reason or log line.
+EXCERPT_CHARS = 40
 
 
-def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+def shorten(value: object, limit: int = SHORTEN_CHARS) -> str:
     """``value`` as at most ``limit`` printable characters (a non-string as its repr); longer text ends in …"""
     text = value if isinstance(value, str) else repr(value)
     head = text[: limit + 1]
@@ -22,3 +25,14 @@ def human_bytes(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def excerpt(text: str | bytes, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` as a quoted, escaped literal of at most ``limit`` characters of it, saying how long
+    the whole was when it was cut: ``'0-3,zz'`` or ``'abcd…' (5000 chars)``."""
+    cut = text[:limit]
+    shown = repr(cut)
+    if len(text) <= limit:
+        return shown
+    unit = "bytes" if isinstance(text, bytes) else "chars"
+    return f"{shown[:-1]}…{shown[-1]} ({len(text)} {unit})"

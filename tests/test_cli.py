@@ -106,6 +106,9 @@ def test_topo_reads_a_tarball_root_and_an_hwloc_xml(capsys: pytest.CaptureFixtur
 
 def test_bad_roots_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["topo", "--root", str(tmp_path / "missing")]) == 2
+    assert "missing: no such file or directory" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("x")
+    assert main(["topo", "--root", str(tmp_path / "notes.txt")]) == 2
     assert "neither a directory nor a tar archive" in capsys.readouterr().err
     bogus = tmp_path / "bogus.tar.gz"
     bogus.write_bytes(b"not a tarball")

@@ -73,7 +73,7 @@ def test_a_cancelled_call_kills_its_child(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 @pytest.mark.parametrize(("code", "message"), [
     ("import sys; sys.stdout.write('\\x1b[31mnot a topology' * 3)", "no topology"),
-    ("import sys; sys.stderr.write('boom\\x1b[2J\\n'); sys.exit(3)", "status 3: boom"),
+    ("import sys; sys.stderr.write('boom\\x1b[2J\\n'); sys.exit(3)", "status 3: 'boom"),
 ])
 def test_a_failing_or_garbling_child_is_a_typed_error(monkeypatch: pytest.MonkeyPatch, code: str,
                                                       message: str) -> None:

@@ -226,11 +226,11 @@ def test_root_only_start_is_a_problem_not_a_crash(tmp_path: Path, monkeypatch: p
     interleaved_tree(tmp_path)
     real_open = HostFS._open
 
-    def no_root(self: HostFS, rel: str) -> int:
+    def no_root(self: HostFS, rel: str, *rest: int) -> int:
         # Every read opens through _open: what it raises for EACCES as non-root.
         if rel.endswith("/start"):
             raise HostReadError(rel, "Permission denied")
-        return real_open(self, rel)
+        return real_open(self, rel, *rest)
 
     monkeypatch.setattr(HostFS, "_open", no_root)
     result = run(tmp_path)

@@ -16,8 +16,8 @@ each of which every stream is sent. Reported: the agent's RSS before the watcher
 the changes, and ``--settle`` seconds later (when stalled streams have been ended, if the agent
 does that), and how many streams the agent refused.
 
-    .venv/bin/python bench/hostile.py health [--clients 3000] [--probes 200]
-    .venv/bin/python bench/hostile.py watchers [--watchers 2000] [--changes 3] [--settle 75]
+    .venv/bin/python bench/hostile_clients.py health [--clients 3000] [--probes 200]
+    .venv/bin/python bench/hostile_clients.py watchers [--watchers 2000] [--changes 3] [--settle 75]
 """
 
 from __future__ import annotations
