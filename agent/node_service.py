@@ -99,9 +99,10 @@ class NodeAgentService:
             await asyncio.wait_for(context.write(data), self.stall_seconds)
         except TimeoutError:
             self._event("watch_stalled", "WatchTopology", context)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"watcher stopped reading: an event waited {self.stall_seconds:g}s to leave; "
-                                "watch again to get the newest topology")
+            # Not context.abort(): a status goes out after the data queued before it, which is
+            # exactly what does not move. Ending the handler as cancelled makes grpc reset the
+            # stream (RST_STREAM) and drop what it held for it.
+            raise asyncio.CancelledError("watcher stopped reading") from None
 
     # ---- topology ---------------------------------------------------------------------------------
     async def get_topology(self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:

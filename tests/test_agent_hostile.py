@@ -39,14 +39,14 @@ from tests.test_agent_transport import Holder, settles_at
 HANGING_DISCOVERY = r"""
 import sys, threading
 import memtopo.agent.daemon
-real = agent.daemon.discover
+real = memtopo.agent.daemon.discover
 runs = []
 def discover(ctx):
     runs.append(1)
     if len(runs) > 1:
         threading.Event().wait()
     return real(ctx)
-agent.daemon.discover = discover
+memtopo.agent.daemon.discover = discover
 from memtopo.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -168,11 +168,11 @@ def test_sigterm_exits_while_a_rescan_hangs(workdir: Path, root: Path) -> None:
 # A stop step that never ends (an in-flight plan stuck in a tool), and a short stop deadline.
 HANGING_STOP = r"""
 import asyncio, sys
-import memtopo.agent.daemon, agent.node_service
-agent.daemon.STOP_DEADLINE_SECONDS = 2.0
+import memtopo.agent.daemon, memtopo.agent.node_service
+memtopo.agent.daemon.STOP_DEADLINE_SECONDS = 2.0
 async def drain(self):
     await asyncio.Event().wait()
-agent.node_service.PlanRunner.drain = drain
+memtopo.agent.node_service.PlanRunner.drain = drain
 from memtopo.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
