@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from discovery.capture import find_root  # noqa: E402
+from memtopo.discovery.capture import find_root  # noqa: E402
 from tests.fixtures import HWLOC_XML, LAB_CAPTURES, extracted  # noqa: E402
 
 NODE0 = "sys/devices/system/node/node0"
@@ -129,7 +129,7 @@ def _run(args: list[str], timeout: float) -> tuple[str, float, float, str]:
     """rc (or "killed"), wall seconds, peak RSS MiB, first stderr line."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "topo", *args, "--format", "json"],
+        proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "topo", *args, "--format", "json"],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
         deadline = t0 + timeout
         while True:
