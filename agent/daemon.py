@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
 
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
@@ -31,6 +30,7 @@ from memtopo.discovery.capture import open_root
 from memtopo.discovery.discover import discover
 from memtopo.discovery.fingerprint import fingerprint
 from memtopo.discovery.source import ProbeContext
+from memtopo.grpcserve import grpc_server
 from memtopo.v1 import topology_pb2 as pb
 
 from . import transport
@@ -299,7 +299,7 @@ class Agent:
                                    max_watchers=cfg.max_watchers, stall_seconds=cfg.watch_stall_seconds,
                                    events=self._service_event)
         options: list[tuple[str, Any]] = [
-            ("grpc.max_send_message_length", 64 << 20), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             # GOAWAY to a connection with no call in progress for listen.idle_seconds (the front
             # also closes silent relayed connections; the read socket has only this).
@@ -307,10 +307,9 @@ class Agent:
         self.health_servicer = health.aio.HealthServicer()
 
         def make_server(extra: list[tuple[str, Any]]) -> grpc.aio.Server:
-            srv = grpc.aio.server(interceptors=[self.metrics.interceptor()], options=options + extra)
+            srv = grpc_server((SERVICE_NAME,), self.health_servicer, options=options + extra,
+                              interceptors=[self.metrics.interceptor()], receive_limit=False)
             srv.add_generic_rpc_handlers((service.handler(),))
-            health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, srv)
-            reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), srv)
             return srv
 
         server = make_server([])

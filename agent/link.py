@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
+from memtopo.grpcserve import MAX_MESSAGE_BYTES
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
@@ -39,7 +40,7 @@ CHANNEL_OPTIONS = (
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", 64 << 20),
 )
 MAX_PENDING_RESULTS = 256

@@ -55,7 +55,9 @@ from typing import Final, Protocol
 
 import grpc
 
+from memtopo import tls
 from memtopo.addresses import AddressError, parse_host_port
+from memtopo.text import reason
 
 from .logs import Throttle, get_logger
 
@@ -293,48 +295,19 @@ def server_tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLCon
     """TLS for :meth:`Front.listen_tcp`: TLS 1.3, ALPN h2 (grpc clients require it). With
     ``client_ca`` a client certificate is requested and verified — a bad one fails the handshake —
     but not required."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.set_alpn_protocols(["h2"])
     try:
-        ctx.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise TransportError(f"TLS certificate {cert} / key {key}: {_reason(exc)}") from None
-    if client_ca:
-        try:
-            ctx.load_verify_locations(cafile=client_ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise TransportError(f"TLS client CA {client_ca}: {_reason(exc)}") from None
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx
+        return tls.server_context(cert, key, client_ca=client_ca, tls13_only=True, alpn=("h2",))
+    except tls.TlsError as exc:
+        raise TransportError(str(exc)) from None
 
 
 def channel_credentials(ca: str | None, cert: str | None, key: str | None) -> grpc.ChannelCredentials:
     """TLS credentials for dialing (the controller link, ``memtopo query`` over TCP): ``ca`` None =
     the system roots; ``cert`` and ``key`` together present a client certificate (mTLS)."""
-    if bool(cert) != bool(key):
-        raise TransportError("a client certificate and its key go together")
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read_pem(ca, "CA") if ca else None,
-        private_key=_read_pem(key, "key") if key else None,
-        certificate_chain=_read_pem(cert, "certificate") if cert else None)
-
-
-def _read_pem(path: str, what: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise TransportError(f"TLS {what} {path}: {_reason(exc)}") from None
-    if b"-----BEGIN " not in data:
-        raise TransportError(f"TLS {what} {path}: not a PEM file")
-    return data
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
+        return tls.channel_credentials(ca, cert, key)
+    except tls.TlsError as exc:
+        raise TransportError(str(exc)) from None
 
 
 # ---- the front ------------------------------------------------------------------------------------
@@ -384,7 +357,7 @@ class Front:
             # mkdtemp: a fresh 0700 directory nobody else can have prepared or can enter.
             self._private_dir = tempfile.mkdtemp(prefix=".memtopo-grpc-", dir=base)
         except OSError as exc:
-            raise TransportError(f"{base}: cannot create the private socket directory: {_reason(exc)}") from None
+            raise TransportError(f"{base}: cannot create the private socket directory: {reason(exc)}") from None
         self.upstream_path = os.path.join(self._private_dir, "grpc.sock")
         try:
             server.add_insecure_port(f"unix:{self.upstream_path}")
@@ -425,7 +398,7 @@ class Front:
             st = os.stat(path)
         except OSError as exc:
             sock.close()
-            raise TransportError(f"{path}: {_reason(exc)}") from None
+            raise TransportError(f"{path}: {reason(exc)}") from None
         sock.setblocking(False)
         self._unix_listener = sock
         self._unix_inode = (st.st_dev, st.st_ino)
@@ -473,7 +446,7 @@ class Front:
             sock = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN,
                                         dualstack_ipv6=host == "::" and socket.has_dualstack_ipv6())
         except OSError as exc:
-            raise TransportError(f"{address}: {_reason(exc)}") from None
+            raise TransportError(f"{address}: {reason(exc)}") from None
         # A client that vanishes without a FIN is noticed without waiting on grpc's own pings.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         bound = int(sock.getsockname()[1])
@@ -538,7 +511,7 @@ def _claim_socket_path(path: str, mode: int, group: str | None) -> tuple[int, in
     try:
         _make_dirs(directory)
     except OSError as exc:
-        raise TransportError(f"{directory}: {_reason(exc)}") from None
+        raise TransportError(f"{directory}: {reason(exc)}") from None
     return gid, _lock(path + ".lock")
 
 
@@ -560,7 +533,7 @@ class _Direct:
             os.rename(self.private, self.public)  # atomic: the name appears with its final mode
             st = os.stat(self.public)
         except OSError as exc:
-            raise TransportError(f"{self.public}: {_reason(exc)}") from None
+            raise TransportError(f"{self.public}: {reason(exc)}") from None
         self.inode = (st.st_dev, st.st_ino)
 
     def discard(self) -> None:
@@ -608,7 +581,7 @@ def _lock(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise TransportError(f"{path}: {_reason(exc)}") from None
+        raise TransportError(f"{path}: {reason(exc)}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -639,7 +612,7 @@ def _remove_stale_socket(path: str) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise TransportError(f"{path}: {_reason(exc)}") from None
+        raise TransportError(f"{path}: {reason(exc)}") from None
     if not stat.S_ISSOCK(st.st_mode):
         raise TransportError(f"{path}: exists and is not a socket; not removing it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -649,7 +622,7 @@ def _remove_stale_socket(path: str) -> None:
     except (ConnectionRefusedError, FileNotFoundError):
         pass  # nobody listens: left behind by an agent that died
     except OSError as exc:
-        raise TransportError(f"{path}: cannot tell whether it is in use: {_reason(exc)}") from None
+        raise TransportError(f"{path}: cannot tell whether it is in use: {reason(exc)}") from None
     else:
         raise SocketInUseError(f"{path}: another process is listening on it")
     finally:
@@ -659,7 +632,7 @@ def _remove_stale_socket(path: str) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise TransportError(f"{path}: cannot remove the stale socket: {_reason(exc)}") from None
+        raise TransportError(f"{path}: cannot remove the stale socket: {reason(exc)}") from None
 
 
 # ---- the Unix pump --------------------------------------------------------------------------------
@@ -897,7 +870,7 @@ class _Pump:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     # Out of descriptors: stop listening until a connection closes, rather than
                     # spin on a listener that stays readable.
-                    log.warning("accept_paused", error=_reason(exc))
+                    log.warning("accept_paused", error=reason(exc))
                     self._set_accepting(False)
                     return
                 continue  # ECONNABORTED and the like: that client is gone
@@ -915,7 +888,7 @@ class _Pump:
             try:
                 cred = socket_peer_cred(conn)
             except OSError as exc:
-                log.warning("connection_setup_failed", error=_reason(exc))
+                log.warning("connection_setup_failed", error=reason(exc))
                 conn.close()
                 continue
             privileged = _authorize_local(cred, self._apply_group) is None
@@ -926,7 +899,7 @@ class _Pump:
             try:
                 self._open(conn, cred, privileged)
             except OSError as exc:
-                log.warning("connection_setup_failed", error=_reason(exc))
+                log.warning("connection_setup_failed", error=reason(exc))
                 conn.close()
 
     def _admit(self, uid: int | None, privileged: bool) -> str:
@@ -1111,7 +1084,7 @@ class _TlsConnection(threading.Thread):
             try:
                 up.connect(self._upstream_path)
             except OSError as exc:
-                log.warning("connection_setup_failed", peer=ident.address, error=_reason(exc))
+                log.warning("connection_setup_failed", peer=ident.address, error=reason(exc))
                 return
             up.settimeout(None)
             _relay_tls(tls, up)

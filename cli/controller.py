@@ -223,22 +223,19 @@ def _kube_api(value: str) -> KubeApi | None:
 def _channel(args: argparse.Namespace) -> grpc.Channel:
     import grpc
 
+    from memtopo import tls
     from memtopo.addresses import is_loopback
-    from memtopo.controller.server import ControllerConfigError, check_address, open_pem
+    from memtopo.controller.server import ControllerConfigError, check_address
 
     check_address(args.addr)
-    tls = args.tls_ca or args.tls_cert or args.tls_key
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ControllerConfigError("--tls-cert and --tls-key go together")
-    if not tls and is_loopback(args.addr):
+    if not (args.tls_ca or args.tls_cert or args.tls_key) and is_loopback(args.addr):
         return grpc.insecure_channel(args.addr, options=CHANNEL_OPTIONS)
     try:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=open_pem(args.tls_ca) if args.tls_ca else None,
-            private_key=open_pem(args.tls_key) if args.tls_key else None,
-            certificate_chain=open_pem(args.tls_cert) if args.tls_cert else None)
-    except OSError as exc:
-        raise ControllerConfigError(f"{exc.filename}: {exc.strerror}") from exc
+        creds = tls.channel_credentials(args.tls_ca or None, args.tls_cert or None, args.tls_key or None)
+    except tls.TlsError as exc:
+        raise ControllerConfigError(str(exc)) from None
     return grpc.secure_channel(args.addr, creds, options=CHANNEL_OPTIONS)
 
 

@@ -24,11 +24,11 @@ import grpc
 import grpc.aio
 import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
-from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
+from grpc_health.v1 import health, health_pb2  # type: ignore[import-untyped, unused-ignore]
 
+from memtopo import tls
 from memtopo.addresses import AddressError, is_loopback, parse_host_port
-from memtopo.controller.defaults import DEFAULT_PLAN_TIMEOUT_S, MAX_MESSAGE_BYTES, MAX_PLAN_TIMEOUT_S
+from memtopo.controller.defaults import DEFAULT_PLAN_TIMEOUT_S, MAX_PLAN_TIMEOUT_S
 from memtopo.controller.fleet import (
     Ack,
     Fleet,
@@ -39,6 +39,7 @@ from memtopo.controller.fleet import (
     Reply,
     RequestSnapshot,
 )
+from memtopo.grpcserve import grpc_server
 from memtopo.planner.fleet import FleetNode, decide_json
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
@@ -60,8 +61,6 @@ MAX_PLANS_IN_FLIGHT = 64
 SERVICE_NAMES = tuple(apb.DESCRIPTOR.services_by_name[s].full_name for s in ("Controller", "ControllerAdmin"))
 
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # A second controller on the same port must fail to start, not silently share it.
     ("grpc.so_reuseport", 0),
     # Find dead agent hosts (no FIN) so their nodes show disconnected.
@@ -477,12 +476,10 @@ async def start_http(state: ControllerState, address: str, ssl_context: ssl.SSLC
 
 def http_ssl_context(cert: str, key: str) -> ssl.SSLContext:
     """A server TLS context from PEM files; ControllerConfigError when they cannot be loaded."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        ctx.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ControllerConfigError(f"HTTP TLS: cannot load {cert} / {key}: {exc}") from exc
-    return ctx
+        return tls.server_context(cert, key)
+    except tls.TlsError as exc:
+        raise ControllerConfigError(f"HTTP {exc}") from None
 
 
 async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None, *,
@@ -503,14 +500,12 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     fleet = Fleet()
     metrics.watch(fleet)
     hub = _Hub(ControllerState(fleet, metrics, kube=kube, kube_refresh_s=kube_refresh_s))
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    health_servicer = health.aio.HealthServicer()
+    server = grpc_server(SERVICE_NAMES, health_servicer, options=SERVER_OPTIONS)
     apb_grpc.add_ControllerServicer_to_server(ControllerService(hub), server)
     apb_grpc.add_ControllerAdminServicer_to_server(ControllerAdminService(hub), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     try:
         port = (server.add_secure_port(listen, credentials) if credentials is not None
                 else server.add_insecure_port(listen))
@@ -534,17 +529,9 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
 def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
     """grpc.ServerCredentials from PEM files; a client CA makes client certificates mandatory (mTLS)."""
     try:
-        chain = open_pem(cert)
-        pair = (open_pem(key), chain)
-        ca = open_pem(client_ca) if client_ca else None
-    except OSError as exc:
-        raise ControllerConfigError(f"{exc.filename}: {exc.strerror}") from exc
-    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
-
-
-def open_pem(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+        return tls.server_credentials(cert, key, client_ca)
+    except tls.TlsError as exc:
+        raise ControllerConfigError(str(exc)) from None
 
 
 async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials | None, grace: float = 5.0,

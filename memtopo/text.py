@@ -36,3 +36,11 @@ def excerpt(text: str | bytes, limit: int = EXCERPT_CHARS) -> str:
         return shown
     unit = "bytes" if isinstance(text, bytes) else "chars"
     return f"{shown[:-1]}…{shown[-1]} ({len(text)} {unit})"
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong, in the words of the exception: an OSError's strerror ("No such file or
+    directory"), else its message, else its type."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

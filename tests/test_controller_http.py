@@ -286,7 +286,7 @@ def test_http_listener_addresses_are_checked() -> None:
     (["serve", "--listen", "127.0.0.1:0", "--http", "0.0.0.0:0"], "plaintext HTTP is only served on loopback"),
     (["serve", "--listen", "127.0.0.1:0", "--http-tls-cert", "x.pem"], "--http-tls-cert and --http-tls-key"),
     (["serve", "--listen", "127.0.0.1:0", "--http-tls-cert", "/nonexistent/c.pem", "--http-tls-key", "/nonexistent/k"],
-     "cannot load"),
+     "HTTP TLS certificate /nonexistent/c.pem / key /nonexistent/k: No such file"),
     (["serve", "--listen", "127.0.0.1:0", "--kube-api", "ftp://api"], "--kube-api"),
     (["serve", "--listen", "127.0.0.1:0", "--kube-refresh", "0"], "--kube-refresh"),
 ])
