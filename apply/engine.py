@@ -316,7 +316,9 @@ class Engine:
                 first = steps[i]
                 if first is not None:
                     j = i + 1
-                    while j < n and _joins(first, steps[j]):
+                    closed = not first.groupable
+                    while j < n and _joins(first, steps[j], closed):
+                        closed = closed or _closes(steps[j])
                         group.append(j)
                         j += 1
                 outcome = run.group(group, steps)
@@ -441,11 +443,21 @@ class Engine:
         return out
 
 
-def _joins(first: Step, step: Step | None) -> bool:
-    """May ``step`` share the journal fsync of the group ``first`` starts? A non-groupable step
-    (cpuset, memory policy, migration) always starts its own group: what it changes (thread masks,
-    cgroup membership) is read by the steps after it, so they are prepared once it has applied."""
-    return step is None or step.independent or (first.groupable and step.groupable)
+def _joins(first: Step, step: Step | None, closed: bool) -> bool:
+    """May ``step`` share the journal fsync of the group ``first`` starts (``closed``: a
+    non-groupable step is in it already)? What a non-groupable step (cpuset, memory policy,
+    migration) changes (thread masks, cgroup membership) is read by the steps after it, so only
+    independent steps follow one in its group. One that reads nothing the groupable steps change
+    (``closes_group``) may end a group of them: a pin and its cpuset take one fsync, not two."""
+    if step is None or step.independent:
+        return True
+    if closed:
+        return False
+    return step.groupable or (first.groupable and step.closes_group)
+
+
+def _closes(step: Step | None) -> bool:
+    return step is not None and not step.groupable and not step.independent
 
 
 def _join(a: str, b: str) -> str:
