@@ -6,7 +6,8 @@ values with one fsync, change, verify. Consecutive thread/IRQ affinity actions s
 they only set per-object values, so none changes what another may do, and the later ones record as
 "previous" what the earlier ones will leave (apply/actions/base.py ``Overlay``). IRQ actions also
 share the fsync of a cpuset/memory-policy/migration action just before them: nothing but an IRQ
-action changes what they read.
+action changes what they read. A cpuset action may end such a group (it reads only cgroup files);
+what follows a non-IRQ, non-affinity action is prepared after it has applied.
 
 * A required action that fails restores everything done so far, in reverse, and verifies it:
   ROLLED_BACK, or FAILED when something could not be restored (the action results say what).
