@@ -6,7 +6,8 @@ values with one fsync, change, verify. Consecutive thread/IRQ affinity actions s
 they only set per-object values, so none changes what another may do, and the later ones record as
 "previous" what the earlier ones will leave (apply/actions/base.py ``Overlay``). IRQ actions also
 share the fsync of a cpuset/memory-policy/migration action just before them: nothing but an IRQ
-action changes what they read.
+action changes what they read. A cpuset action may end such a group (it reads only cgroup files);
+what follows a non-IRQ, non-affinity action is prepared after it has applied.
 
 * A required action that fails restores everything done so far, in reverse, and verifies it:
   ROLLED_BACK, or FAILED when something could not be restored (the action results say what).
@@ -316,7 +317,9 @@ class Engine:
                 first = steps[i]
                 if first is not None:
                     j = i + 1
-                    while j < n and _joins(first, steps[j]):
+                    closed = not first.groupable
+                    while j < n and _joins(first, steps[j], closed):
+                        closed = closed or _closes(steps[j])
                         group.append(j)
                         j += 1
                 outcome = run.group(group, steps)
@@ -441,11 +444,21 @@ class Engine:
         return out
 
 
-def _joins(first: Step, step: Step | None) -> bool:
-    """May ``step`` share the journal fsync of the group ``first`` starts? A non-groupable step
-    (cpuset, memory policy, migration) always starts its own group: what it changes (thread masks,
-    cgroup membership) is read by the steps after it, so they are prepared once it has applied."""
-    return step is None or step.independent or (first.groupable and step.groupable)
+def _joins(first: Step, step: Step | None, closed: bool) -> bool:
+    """May ``step`` share the journal fsync of the group ``first`` starts (``closed``: a
+    non-groupable step is in it already)? What a non-groupable step (cpuset, memory policy,
+    migration) changes (thread masks, cgroup membership) is read by the steps after it, so only
+    independent steps follow one in its group. One that reads nothing the groupable steps change
+    (``closes_group``) may end a group of them: a pin and its cpuset take one fsync, not two."""
+    if step is None or step.independent:
+        return True
+    if closed:
+        return False
+    return step.groupable or (first.groupable and step.closes_group)
+
+
+def _closes(step: Step | None) -> bool:
+    return step is not None and not step.groupable and not step.independent
 
 
 def _join(a: str, b: str) -> str:

@@ -50,7 +50,7 @@ root: ``apt-get install numactl`` here) and a raw ``migrate_pages(2)`` through c
 moves the pages once each way per round, sides interleaved. Throughput is what numa_maps says was
 on the source node before, divided by the time. Target: memtopo MB/s / baseline MB/s >= 0.9.
 
-    .venv/bin/python bench/apply.py [--repeat N] [--threads N] [--profile]
+    .venv/bin/python bench/apply.py [--repeat N] [--threads N] [--profile] [--phases]
     .venv/bin/python bench/apply.py --lab [--repeat N] [--mib N]
 """
 
@@ -250,14 +250,22 @@ class PinSetup:
         assert len(previous) == len(tids)
         self._set(tids)
 
-    def floor(self, plan_id: str, journal: FloorJournal) -> None:
+    def floor(self, plan_id: str, journal: FloorJournal, marks: list[float] | None = None) -> None:
         """The least work the contract needs (the module docstring lists it): no engine, no checks
-        beyond the contract's, one fsync."""
+        beyond the contract's, one fsync. ``marks`` (--phases) gets a perf_counter at each step's end."""
+        mark = marks.append if marks is not None else None
+        t = time.perf_counter
         target = self.target
+        if mark:
+            mark(t())
         journal.begin(plan_id)  # the idempotency check
+        if mark:
+            mark(t())
         tids = list(map(int, os.listdir(f"/proc/{self.pid}/task")))
         if not target <= self.allowed_cpus:
             raise SystemExit("bench/apply.py: floor: CPUs not online/allowed")
+        if mark:
+            mark(t())
         previous = list(map(os.sched_getaffinity, tids))
         first = previous[0]
         groups: dict[frozenset[int], list[int]]
@@ -267,27 +275,41 @@ class PinSetup:
             groups = {}
             for tid, mask in zip(tids, previous, strict=True):
                 groups.setdefault(frozenset(mask), []).append(tid)
+        if mark:
+            mark(t())
         cpuset_prev = _bare_read(self.cpus_file)
         irq_prev = [_bare_read(f) for f in self.irq_files]
+        if mark:
+            mark(t())
         record = [f"{plan_id} {self.pid}\n".encode()]
         for cpus, members in groups.items():
             record += [format_cpulist(cpus).encode(), b":", array.array("i", members).tobytes(), b"\n"]
         record += [cpuset_prev, *irq_prev]
         journal.sync(b"".join(record))
+        if mark:
+            mark(t())
         setaff = os.sched_setaffinity
         for tid in tids:
             setaff(tid, target)
         if os.sched_getaffinity(tids[0]) != target:
             raise SystemExit("bench/apply.py: floor: a thread did not read back")
+        if mark:
+            mark(t())
         text = format_cpulist(target)
         _bare_write(self.cpus_file, text)
         if _bare_read(self.cpus_file).strip().decode() != text:
             raise SystemExit("bench/apply.py: floor: the cpuset did not read back")
+        if mark:
+            mark(t())
         for f, eff in zip(self.irq_files, self.effective_files, strict=True):
             _bare_write(f, text)
             if not _bare_read(eff).strip():
                 raise SystemExit("bench/apply.py: floor: no effective affinity")
+        if mark:
+            mark(t())
         journal.end(b"applied\n")
+        if mark:
+            mark(t())
 
     def check_floor(self) -> None:
         """Untimed, after a floor run: it did set what the plan asks."""
@@ -390,7 +412,7 @@ def _time_all(variants: dict[str, Timed], repeat: int) -> dict[str, list[float]]
     return samples
 
 
-def pinning(repeat: int, nthreads: int, profile: bool) -> int:
+def pinning(repeat: int, nthreads: int, profile: bool, phases: bool = False) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("bench/apply.py: needs two allowed CPUs")
@@ -458,6 +480,11 @@ def pinning(repeat: int, nthreads: int, profile: bool) -> int:
             _print_pinning(len(tids), samples)
             if profile:
                 _profile(subject, reset_subject)
+            if phases:
+                def floor_marked(marks: list[float]) -> None:
+                    setup.floor(f"floor-{next(floors)}", per_plan, marks)
+                    floor_ran.append(True)
+                _phases(subject, reset_subject, floor_marked, reset_floor)
             reset_subject()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -486,6 +513,90 @@ def _print_pinning(nthreads: int, samples: dict[str, list[float]]) -> None:
     print(f"engine / floor = {s_med / f_med:.2f} (min {min(subj_s) / f_min:.2f}); floor / bare = {f_med / b_med:.2f} "
           f"(min {f_min / min(base_s):.2f}): the best ratio any implementation of the contract reaches here "
           f"(floor = the lower one, {fl})")
+
+
+FLOOR_STEPS = ("O_EXCL journal create", "list /proc/PID/task + CPU check", "previous thread masks",
+               "previous cpuset + IRQ values", "undo record + fdatasync", "set threads + read one back",
+               "cpuset write + read back", "IRQ writes + effective read", "result record + close")
+
+
+def _engine_phases() -> list[tuple[object, str, str]]:
+    """(owner, attribute, label) of the engine's steps that --phases times: imported here, so the
+    timed runs above never see a wrapper."""
+    from memtopo.apply import engine, journal
+    from memtopo.apply.actions import cpuset as cs_step
+    from memtopo.apply.actions import irq as irq_step
+    from memtopo.apply.actions import threads as th_step
+    return [(engine.Engine, "_recover_pending", "recovery of unfinished journals"),
+            (journal.StateStore, "load_result", "stored-result lookup (idempotency)"),
+            (engine, "validate", "validation (lists /proc/PID/task)"),
+            (th_step.ThreadStep, "prepare", "threads: read previous masks"),
+            (th_step.ThreadStep, "apply", "threads: set + verify"),
+            (cs_step.CpusetStep, "prepare", "cpuset: read previous"),
+            (cs_step.CpusetStep, "apply", "cpuset: write + verify"),
+            (irq_step.IrqStep, "prepare", "IRQs: read previous"),
+            (irq_step.IrqStep, "apply", "IRQs: write + verify"),
+            (journal.StateStore, "reserve", "journal: reserve check"),
+            (journal.StateStore, "begin", "journal: open"),
+            (journal.JournalWriter, "undo", "journal: undo records + fdatasync"),
+            (journal.StateStore, "mark_open", "journal: pending marker"),
+            (engine._Run, "_flush_done", "journal: done records"),
+            (engine, "_result", "action results"),
+            (engine, "_plan_result", "plan result"),
+            (journal.StateStore, "save_result", "result file"),
+            (journal.StateStore, "mark_closed", "journal: marker removed")]
+
+
+def _phases(subject: Callable[[], None], reset: Callable[[], None], floor: Callable[[list[float]], None],
+            reset_floor: Callable[[], None], runs: int = 20) -> None:
+    """Where the time goes, step by step: the floor's steps and the engine's, alternating runs
+    (after the timed ones; each wrapper adds about a microsecond per call)."""
+    spent: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    saved: list[tuple[object, str, object]] = []
+    active: list[bool] = []
+
+    def wrap(owner: object, attr: str, label: str) -> None:
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn))
+
+        def timed(*args: object, **kw: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                if active:  # not the untimed rollback before each run
+                    spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+                    calls[label] = calls.get(label, 0) + 1
+        setattr(owner, attr, timed)
+
+    floor_s = [0.0] * len(FLOOR_STEPS)
+    engine_s = 0.0
+    for owner, attr, label in _engine_phases():
+        wrap(owner, attr, label)
+    try:
+        for _ in range(runs):
+            reset_floor()
+            marks: list[float] = []
+            floor(marks)
+            for i in range(len(FLOOR_STEPS)):
+                floor_s[i] += marks[i + 1] - marks[i]
+            reset()
+            active.append(True)
+            t0 = time.perf_counter()
+            subject()
+            engine_s += time.perf_counter() - t0
+            active.clear()
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+    print(f"\nStep by step, mean us per run over {runs} alternating runs (--phases):")
+    print(f"  floor: {sum(floor_s) / runs * 1e6:8.0f} us in all")
+    for name, sec in zip(FLOOR_STEPS, floor_s, strict=True):
+        print(f"    {sec / runs * 1e6:8.0f}  {name}")
+    print(f"  engine: {engine_s / runs * 1e6:7.0f} us in all (the steps below overlap where nested)")
+    for label, sec in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"    {sec / runs * 1e6:8.0f}  {label} ({calls[label] / runs:g} call(s) per run)")
 
 
 def _profile(subject: Callable[[], None], reset: Callable[[], None], runs: int = 20) -> None:
@@ -601,6 +712,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1000)
     parser.add_argument("--profile", action="store_true", help="also cProfile the engine's apply path")
+    parser.add_argument("--phases", action="store_true", help="also time the floor's and the engine's steps")
     parser.add_argument("--lab", action="store_true", help="the migration benchmark, in the numa-vm lab")
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--migration-inner", action="store_true", help=argparse.SUPPRESS)
@@ -609,7 +721,7 @@ def main() -> int:
         return migration_inner(args.repeat, args.mib)
     if args.lab:
         return migration_lab(args.repeat, args.mib)
-    return pinning(args.repeat, args.threads, args.profile)
+    return pinning(args.repeat, args.threads, args.profile, args.phases)
 
 
 if __name__ == "__main__":

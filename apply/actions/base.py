@@ -86,6 +86,10 @@ class Step(ABC):
     # bans) may also join the group a non-groupable step starts: preparing them before that step
     # applies reads what it will leave. Same-kind effects go through the overlay as above.
     independent: ClassVar[bool] = False
+    # A non-groupable step whose prepare reads nothing a groupable step changes (thread or IRQ
+    # masks) may end a group of them and share its fsync; as after any non-groupable step, only
+    # independent steps follow it in the group.
+    closes_group: ClassVar[bool] = False
     kind: ClassVar[str] = ""
 
     def __init__(self, ctx: RunContext, action: planpb.PlanAction) -> None:

@@ -115,6 +115,8 @@ def _parent(path: str) -> str:
 
 
 class CpusetStep(Step):
+    # Reads cgroup files only: thread and IRQ masks set before it in the group do not change them.
+    closes_group = True
     kind = "cpuset"
 
     def __init__(self, ctx: RunContext, action: planpb.PlanAction, target: CpusetTarget) -> None:
