@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import stat
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -128,21 +127,6 @@ def facts_from_config(doc: object, path: str) -> KubeletFacts:
         return KubeletFacts(config_path=path, problem=str(exc))
 
 
-def _read_regular(fs: HostFS, rel: str) -> str:
-    """The text of a regular file under the root: symlinks may not leave it, and FIFOs, devices and
-    oversized files are refused before they are opened (a FIFO would block the open)."""
-    real = fs.resolve(rel)
-    try:
-        st = os.stat(fs.join(real))
-    except OSError as exc:
-        raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise HostReadError(rel, "not a regular file")
-    if st.st_size > MAX_CONFIG_BYTES:
-        raise HostReadError(rel, f"larger than {MAX_CONFIG_BYTES} bytes")
-    return fs.read_text(real)
-
-
 def hugepage_pools(fs: HostFS) -> dict[int, dict[str, int]]:
     """NUMA node → ``hugepages-<size>`` → bytes in its pool; unreadable entries count as empty."""
     base = "sys/devices/system/node"
@@ -181,7 +165,8 @@ def read_kubelet_facts(fs: HostFS, config_paths: Sequence[str] = DEFAULT_CONFIG_
         if not fs.exists(rel) and not os.path.islink(fs.join(rel)):
             continue
         try:
-            text = _read_regular(fs, rel)
+            # Confined to the root, regular files only (a FIFO cannot block), bounded.
+            text = fs.read_text(rel, MAX_CONFIG_BYTES)
         except HostReadError as exc:
             return KubeletFacts(config_path=path, problem=exc.reason, hugepages=huge)
         try:

@@ -106,7 +106,7 @@ def test_bad_config_is_a_problem_not_an_exception(tmp_path: Path, text: str, pro
 def test_hostile_files_are_refused_without_blocking(tmp_path: Path) -> None:
     (tmp_path / "var/lib/kubelet").mkdir(parents=True)
     os.mkfifo(tmp_path / "var/lib/kubelet/config.yaml")  # an open() of a FIFO would block forever
-    assert read_kubelet_facts(HostFS.at(tmp_path)).problem == "not a regular file"
+    assert read_kubelet_facts(HostFS.at(tmp_path)).problem.startswith("not a regular file")
     os.unlink(tmp_path / "var/lib/kubelet/config.yaml")
     outside = write(tmp_path.parent / f"{tmp_path.name}-outside", "config.yaml", CONFIG)
     os.symlink(outside, tmp_path / "var/lib/kubelet/config.yaml")
