@@ -128,6 +128,10 @@ class DiscoveryConfig:
     udev: bool = True
     # A discovery still running after this long is reported (readiness, metric, log) as overdue.
     deadline_seconds: float = 60.0
+    # Each discovery in a short-lived child process: what it loads (hwloc and its plugins, NVML and
+    # libcuda) leaves with it instead of staying resident for the agent's life, and a stuck one can be
+    # killed. False: discover on a thread of the agent (no process start per rescan).
+    isolate: bool = True
 
 
 @dataclass(frozen=True)
@@ -447,7 +451,8 @@ def _discovery(t: _Table) -> DiscoveryConfig:
     return DiscoveryConfig(rescan_seconds=t.seconds("rescan_seconds", d.rescan_seconds),
                            debounce_seconds=t.seconds("debounce_seconds", d.debounce_seconds, zero_ok=True),
                            udev=t.boolean("udev", d.udev),
-                           deadline_seconds=t.seconds("deadline_seconds", d.deadline_seconds))
+                           deadline_seconds=t.seconds("deadline_seconds", d.deadline_seconds),
+                           isolate=t.boolean("isolate", d.isolate))
 
 
 def _apply(t: _Table) -> ApplyConfig:

@@ -24,11 +24,12 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2
 
+from memtopo import __version__
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
 from memtopo.discovery.capture import open_root
-from memtopo.discovery.discover import discover
 from memtopo.discovery.fingerprint import fingerprint
+from memtopo.discovery.isolated import discover_in_child
 from memtopo.discovery.source import ProbeContext
 from memtopo.grpcserve import grpc_server
 from memtopo.v1 import topology_pb2 as pb
@@ -50,7 +51,9 @@ UDEV_SUBSYSTEMS = ("pci", "cxl", "memory", "cpu", "dax", "node")
 TICK_SECONDS = 5.0
 # A stop (SIGTERM) ends the process within this many seconds, below the unit's TimeoutStopSec=30.
 STOP_DEADLINE_SECONDS = 20.0
-VERSION = "0.1.0"
+# A discovery child still running after this long is killed; the next rescan starts a new one.
+ISOLATED_DISCOVERY_LIMIT_SECONDS = 3600.0
+VERSION = __version__
 EXIT_OK = 0
 EXIT_FAILURE = 1
 
@@ -60,6 +63,14 @@ class _Readiness:
     discovered: bool = False
     listening: bool = False
     checks: dict[str, str] = field(default_factory=dict)
+
+
+def discover(ctx: ProbeContext) -> pb.MemoryTopology:
+    """Discovery in this process (``discovery.isolate = false``), imported when first used: an agent
+    that discovers in child processes never loads hwloc or a vendor library itself."""
+    from memtopo.discovery.discover import discover as discover_here
+
+    return discover_here(ctx)
 
 
 class Sidecar(Protocol):
@@ -163,7 +174,15 @@ class Agent:
             yield ProbeContext.at_root(path)
 
     def _discover(self, ctx: ProbeContext) -> pb.MemoryTopology:
-        topo = discover(ctx)
+        return self._named(discover(ctx))
+
+    async def _discover_in_child(self, ctx: ProbeContext) -> pb.MemoryTopology:
+        # The child is not bounded by the deadline: past it the rescan is reported overdue, as on a
+        # thread; a stop cancels this and so kills the child.
+        root = None if ctx.libraries_live else str(ctx.fs.root)
+        return self._named(await discover_in_child(root, timeout=ISOLATED_DISCOVERY_LIMIT_SECONDS))
+
+    def _named(self, topo: pb.MemoryTopology) -> pb.MemoryTopology:
         if self.config.node_name:
             # The operator's name for the node wins (a Kubernetes node name need not be the hostname).
             topo.node_name = self.config.node_name
@@ -171,9 +190,12 @@ class Agent:
         return topo
 
     def _start_discovery(self, ctx: ProbeContext) -> asyncio.Future[pb.MemoryTopology]:
-        """One discovery on its own daemon thread. Not the loop's executor: a probe stuck in the
-        kernel (a hung NFS mount, a wedged driver) would keep the process alive at exit, because
-        executor threads are joined then; a daemon thread is left behind."""
+        """One discovery: in a child process (``discovery.isolate``; cancelling the future kills it),
+        else on its own daemon thread. Not the loop's executor: a probe stuck in the kernel (a hung NFS
+        mount, a wedged driver) would keep the process alive at exit, because executor threads are
+        joined then; a daemon thread is left behind."""
+        if self.config.discovery.isolate:
+            return asyncio.ensure_future(self._discover_in_child(ctx))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[pb.MemoryTopology] = loop.create_future()
 
@@ -223,7 +245,8 @@ class Agent:
         fut = self._start_discovery(ctx)
         try:
             if not await self._await_discovery(fut, reasons):
-                return  # stopping: the thread is left to the process's exit
+                fut.cancel()  # a child process is killed; a thread is left to the process's exit
+                return
         finally:
             if self.discovery_overdue and fut.done():
                 log.warning("discovery_finished_late", trigger=reasons,

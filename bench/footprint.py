@@ -9,7 +9,7 @@ periodic rescan 300 s, debounce 1 s, health endpoint on, info-level JSON logs. F
 * RSS (VmRSS) once it is ready and has given the controller its snapshot; after 1,000 GetTopology
   calls on one channel; after 1,000 more, each on a new connection (as a series of ``memtopo
   query`` runs makes: every one is a connection through the front). VmHWM is the peak over the
-  run. Target: <= 60 MiB.
+  run. Targets: <= 55 MiB after start, <= 60 MiB after the RPCs.
 * Idle CPU: utime+stime over ``--idle-seconds`` (default 60) with nothing asking, after a settle
   pause, as a percentage of one core. Target: <= 0.5 %. Voluntary context switches per second over
   the same window show how often the agent wakes at all (busy polling would show as thousands).
@@ -47,6 +47,8 @@ from memtopo.v1 import agent_pb2 as apb  # noqa: E402
 from memtopo.v1 import agent_pb2_grpc  # noqa: E402
 
 TARGET_RSS_MIB = 60.0
+# Before any RPC the agent holds its topology and little else (discovery runs in child processes).
+TARGET_START_RSS_MIB = 55.0
 TARGET_IDLE_PERCENT = 0.5
 RPCS = 1000
 SETTLE_S = 3.0  # after start or load: let grpc's and the link's follow-ups finish before measuring
@@ -131,11 +133,12 @@ def run(args: argparse.Namespace) -> int:
           f"{'linked to a controller process' if not args.no_controller else 'no controller'}, defaults otherwise")
     print(f"{'metric':<46} {'value':>10} {'target':>10}")
     ok = True
-    for name, kib in rss:
+    for n, (name, kib) in enumerate(rss):
         mib = kib / 1024
-        ok = ok and mib <= TARGET_RSS_MIB
-        print(f"{'RSS ' + name + ' (MiB)':<46} {mib:>10.1f} {f'<= {TARGET_RSS_MIB:.0f}':>10} "
-              f"{'PASS' if mib <= TARGET_RSS_MIB else 'FAIL'}")
+        target = TARGET_START_RSS_MIB if n == 0 else TARGET_RSS_MIB
+        ok = ok and mib <= target
+        print(f"{'RSS ' + name + ' (MiB)':<46} {mib:>10.1f} {f'<= {target:.0f}':>10} "
+              f"{'PASS' if mib <= target else 'FAIL'}")
     print(f"{'  of which anonymous (MiB)':<46} {mem['RssAnon'] / 1024:>10.1f}")
     print(f"{'  of which file-backed: code, shared (MiB)':<46} {mem['RssFile'] / 1024:>10.1f}")
     print(f"{'peak RSS over the run, VmHWM (MiB)':<46} {peak / 1024:>10.1f}")

@@ -38,15 +38,21 @@ from tests.test_agent_transport import Holder, settles_at
 # (a wedged driver, a hung mount) stands in as a thread that never returns.
 HANGING_DISCOVERY = r"""
 import sys, threading
-import memtopo.agent.daemon
-real = memtopo.agent.daemon.discover
+import memtopo.agent.daemon, memtopo.discovery.isolated
+real, real_argv = memtopo.agent.daemon.discover, memtopo.discovery.isolated.child_argv
 runs = []
-def discover(ctx):
+def discover(ctx):  # discovery on a thread (discovery.isolate = false)
     runs.append(1)
     if len(runs) > 1:
         threading.Event().wait()
     return real(ctx)
+def child_argv(root):  # discovery in a child process (the default)
+    runs.append(1)
+    if len(runs) > 1:
+        return [sys.executable, "-c", "import time; time.sleep(3600)  # memtopo-hung-discovery"]
+    return real_argv(root)
 memtopo.agent.daemon.discover = discover
+memtopo.discovery.isolated.child_argv = child_argv
 from memtopo.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -134,17 +140,20 @@ def root(tmp_path: Path) -> Path:
 # ---- a rescan that hangs ---------------------------------------------------------------------------
 
 
-def test_a_hung_rescan_is_reported_and_sigterm_still_exits(workdir: Path, root: Path) -> None:
-    agent = AgentProc(workdir, root, discovery="deadline_seconds = 0.5\ndebounce_seconds = 0",
+@pytest.mark.parametrize("isolate", ["true", "false"])
+def test_a_hung_rescan_is_reported_and_sigterm_still_exits(workdir: Path, root: Path, isolate: str) -> None:
+    agent = AgentProc(workdir, root, discovery=f"deadline_seconds = 0.5\ndebounce_seconds = 0\nisolate = {isolate}",
                       script=HANGING_DISCOVERY)
     try:
         assert agent.metric("memtopo_discovery_overdue") == 0
+        # A child's start can itself outlast a 0.5 s deadline on a busy machine: count from here.
+        overdue_before = agent.metric("memtopo_discoveries_overdue_total")
         agent.proc.send_signal(signal.SIGHUP)  # the rescan that never returns
         _, body = wait_for(lambda: (r := agent.http("/readyz"))[0] == 503 and r, what="readyz 503")
         assert "stale" in json.loads(body)["checks"]["discovery"]
         assert agent.http("/healthz")[0] == 200  # the loop itself is fine
         assert agent.metric("memtopo_discovery_overdue") == 1
-        assert agent.metric("memtopo_discoveries_overdue_total") == 1
+        assert agent.metric("memtopo_discoveries_overdue_total") == overdue_before + 1
         wait_for(lambda: agent.events("discovery_overdue"), what="discovery_overdue event")
         with grpc.insecure_channel(f"unix://{agent.sock}") as ch:  # still serving the last topology
             assert agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=10).generation == 1
@@ -152,6 +161,16 @@ def test_a_hung_rescan_is_reported_and_sigterm_still_exits(workdir: Path, root: 
         rc = agent.stop(timeout=60)
     assert rc == 0
     assert agent.events("agent_stopped")
+    assert not hung_discovery_children()  # a child process is killed at the stop, not left behind
+
+
+def hung_discovery_children() -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if b"memtopo-hung-discovery" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+    return found
 
 
 def test_sigterm_exits_while_a_rescan_hangs(workdir: Path, root: Path) -> None:
