@@ -28,10 +28,8 @@ import contextlib
 import io
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.timing import timed  # noqa: E402
 from memtopo.cli.main import main as cli_main  # noqa: E402
 from memtopo.planner import cpu_binding, hccs, xpu  # noqa: E402
 from memtopo.planner.examples_hccs_xpu import hccs_example_fleet, xpu_example_fleet  # noqa: E402
@@ -68,16 +67,8 @@ class Row:
 
 def _time(fn: Callable[[], object], repeat: int) -> tuple[float, float, float]:
     """(median wall ms, min wall ms, median thread CPU ms)."""
-    for _ in range(WARMUP):
-        fn()
-    wall: list[float] = []
-    cpu: list[float] = []
-    for _ in range(repeat):
-        c0, t0 = time.thread_time(), time.perf_counter()
-        fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.thread_time() - c0)
-    return statistics.median(wall) * 1e3, min(wall) * 1e3, statistics.median(cpu) * 1e3
+    med, low, cpu = timed(fn, repeat, WARMUP)
+    return med * 1e3, low * 1e3, cpu * 1e3
 
 
 def _row(name: str, fn: Callable[[], object], repeat: int, count: int, unit: str,

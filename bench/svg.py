@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.timing import timed  # noqa: E402
 from memtopo.cli.render import render  # noqa: E402
 from memtopo.discovery.capture import extract, find_root  # noqa: E402
 from memtopo.discovery.discover import discover  # noqa: E402
@@ -55,16 +54,7 @@ def _topology(path: Path, tmp: Path) -> pb.MemoryTopology:
 
 def _time(fn: Callable[[], object], repeat: int) -> tuple[float, float, float]:
     """(median wall s, min wall s, median thread CPU s)."""
-    for _ in range(WARMUP):
-        fn()
-    wall: list[float] = []
-    cpu: list[float] = []
-    for _ in range(repeat):
-        c0, t0 = time.thread_time(), time.perf_counter()
-        fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.thread_time() - c0)
-    return statistics.median(wall), min(wall), statistics.median(cpu)
+    return timed(fn, repeat, WARMUP)
 
 
 def main(argv: list[str] | None = None) -> int:
