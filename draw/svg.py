@@ -149,7 +149,10 @@ def compact_cpus(cpus: Sequence[int], room: int = 30) -> str:
         return f"{ids[0]},{ids[1]},…,{ids[-1]}"
     # Cut between whole elements ("0-3,8-11,…"), never inside a number or a range.
     cut = text.rfind(",", 0, room)
-    return (text[:cut] if cut > 0 else text.split(",", 1)[0]) + ",…"
+    if cut > 0:
+        return text[:cut] + ",…"
+    first = text.split(",", 1)[0]
+    return first if first == text else first + ",…"  # one element longer than the room stays whole
 
 
 # --- SVG fragments -------------------------------------------------------------------------------
