@@ -485,26 +485,17 @@ def test_cli_apply_exits_2_naming_an_unreadable_journal(tmp_path: Path) -> None:
 
 # ---- the agent reports an unreadable journal -------------------------------------------------------
 def test_the_agent_reports_an_unreadable_journal_in_readyz_metrics_and_logs(tmp_path: Path) -> None:
-    import asyncio
 
     import structlog
 
-    from memtopo.agent.config import load_config
-    from memtopo.agent.daemon import Agent
-    from memtopo.agent.sdnotify import Notifier
-    from tests.fixtures import lab_root
+    from tests.test_agent_daemon import _agent, _run
 
     state = tmp_path / "state" / "apply"
     key = "cd" * 16
     (state / "pending").mkdir(parents=True)
     (state / "pending" / key).write_text("")
     (state / f"{key}.journal.jsonl").write_bytes(b"")  # truncated to 0 after its plan changed the host
-    config = tmp_path / "agent.toml"
-    config.write_text(
-        f'node_name = "inproc"\nroot = "{lab_root("dual-socket-cxl")}"\nstate_dir = "{tmp_path / "state"}"\n'
-        f'[listen]\nsocket = "{tmp_path / "agent.sock"}"\n'
-        '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n')
-    agent = Agent(load_config(config), notifier=Notifier(None))
+    agent = _agent(tmp_path)  # its state directory is tmp_path/state, the journal's
     seen: dict[str, Any] = {}
 
     def probe() -> None:
@@ -515,16 +506,8 @@ def test_the_agent_reports_an_unreadable_journal_in_readyz_metrics_and_logs(tmp_
         seen["metrics_after"] = agent.metrics.render()[0].decode()
         agent.request_stop()
 
-    async def main() -> int:
-        run = asyncio.create_task(agent.run())
-        while agent.server is None or agent.state.current is None:
-            assert not run.done(), run.result()
-            await asyncio.sleep(0.01)
-        probe()
-        return await asyncio.wait_for(run, 30)
-
     with structlog.testing.capture_logs() as logs:
-        assert asyncio.run(main()) == 0
+        assert _run(agent, probe) == 0
     ok, checks = seen["ready"]
     assert not ok and "cannot be read" in checks["apply_journals"] and key in checks["apply_journals"]
     assert "memtopo_apply_unreadable_journals 1.0" in seen["metrics"]
