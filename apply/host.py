@@ -41,14 +41,14 @@ from memtopo.runner import Runner, SubprocessRunner
 
 Ids = tuple[int, ...]
 
-# include/uapi/linux/mempolicy.h (kernel_interfaces.md §7.2).
+# include/uapi/linux/mempolicy.h (MPOL_LOCAL since 3.8).
 MPOL_DEFAULT = 0
 MPOL_PREFERRED = 1
 MPOL_BIND = 2
 MPOL_INTERLEAVE = 3
 MPOL_LOCAL = 4
 
-# kernel_interfaces.md §7.1; glibc wraps none of these.
+# Syscall numbers from asm/unistd (aarch64 uses asm-generic's); glibc wraps none of these.
 _SYSCALLS: dict[str, dict[str, int]] = {
     "x86_64": {"set_mempolicy": 238, "get_mempolicy": 239, "migrate_pages": 256},
     "aarch64": {"set_mempolicy": 237, "get_mempolicy": 236, "migrate_pages": 238},
@@ -56,7 +56,7 @@ _SYSCALLS: dict[str, dict[str, int]] = {
 _SYSCALLS["arm64"] = _SYSCALLS["aarch64"]
 
 # Enough for any kernel's MAX_NUMNODES (NODES_SHIFT ≤ 10) and below the one-page limit the kernel
-# puts on maxnode (§7.3).
+# puts on maxnode (maxnode − 1 above a page's worth of bits is EINVAL).
 NODEMASK_BITS = 4096
 _WORD_BITS = 64
 
@@ -93,7 +93,7 @@ class Kernel(Protocol):
 
 def nodemask(nodes: Iterable[int], bits: int = NODEMASK_BITS) -> tuple[ctypes.Array[ctypes.c_ulong], int]:
     """An ``unsigned long`` bitmap and the ``maxnode`` to pass with it (bits + 1: the kernel reads
-    ``maxnode - 1`` bits, §7.3)."""
+    ``maxnode - 1`` bits, a historic off-by-one in get_nodes())."""
     words = (ctypes.c_ulong * (bits // _WORD_BITS))()
     for n in nodes:
         if not 0 <= n < bits:
@@ -117,7 +117,7 @@ def nodes_of(mask: Iterable[int]) -> Ids:
 
 class LinuxKernel:
     """The real system calls: ``os.sched_*`` for affinity, ``syscall(2)`` through ctypes for the
-    mempolicy family (numbers per architecture from the notes)."""
+    mempolicy family (numbers per architecture, from the kernel's unistd tables)."""
 
     def __init__(self) -> None:
         self._libc = ctypes.CDLL(None, use_errno=True)
@@ -479,7 +479,7 @@ _NUMA_N = re.compile(r"(?:^|\s)N(\d{1,5})=(\d{1,20})(?=\s|$)")
 
 
 def parse_numa_maps(text: str) -> dict[int, int]:
-    """Pages per node summed over every mapping (``N<node>=<pages>`` tokens, §7.6). Garbage → {}."""
+    """Pages per node summed over every mapping (``N<node>=<pages>`` tokens, one line per VMA). Garbage → {}."""
     out: dict[int, int] = {}
     for node_s, pages_s in _NUMA_N.findall(text):
         node = int(node_s)

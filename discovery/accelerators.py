@@ -3,8 +3,8 @@
 Every GPU, NPU and XPU on the PCI bus is reported. A vendor source (NVML, KFD, npu-smi, xpu-smi)
 that knows the device supplies its name, memory, health and links; a device no vendor source
 claims (driver missing, tool failing) still appears from the PCI view with its sysfs NUMA node and,
-where hwloc saw an OS device for it, hwloc's model and UUID (seed 002's fallback). NUMA node −1
-stays −1 ("no affinity"); nothing is guessed.
+where hwloc saw an OS device for it, hwloc's model and UUID (hwloc stands in when no vendor API
+answers). NUMA node −1 stays −1 ("no affinity"); nothing is guessed.
 
 Pairs of accelerators get a link class in `nvidia-smi topo -m` words: the vendor's own (NV#, HCCS,
 XGMI …) where it reports one, else the PCIe path class from the bridge tree: PIX (one switch

@@ -65,9 +65,9 @@ _IOLINK_KINDS: Mapping[int, str] = {
 INTRA_SOCKET_WEIGHT = 13
 HEAP_SYSTEM = 0
 
-# PCI device ids whose GPU shares the CPUs' memory (notes §4.3, pci.ids).
+# PCI device ids whose GPU shares the CPUs' memory (0x74a0 = MI300A APU in pci.ids).
 APU_DEVICE_IDS: frozenset[int] = frozenset({0x74A0})
-# Marketing names by PCI device id (notes §4.3); unknown ids keep model "" and say gfx_target.
+# Marketing names by PCI device id, as pci.ids names them; unknown ids keep model "" and say gfx_target.
 MODELS: Mapping[int, str] = {
     0x74A0: "MI300A", 0x74A1: "MI300X", 0x74A2: "MI308X", 0x74A5: "MI325X", 0x74B5: "MI300X VF",
     0x75A0: "MI350X", 0x75A3: "MI355X", 0x7408: "MI250X", 0x740C: "MI250X", 0x740F: "MI210",

@@ -12,16 +12,17 @@ Three independent calls run concurrently:
   ``HCCS_SW`` … kept as printed) and the ``CPU Affinity`` column. A2 labels rows ``NPU<logical id>``;
   A3 labels them ``Phy-ID<physical id>`` and prints no affinity column.
 
-Where a row counts or not follows vllm-ascend's CPU-binding reader (``../shared/notes/cpu_binding.md``
-§A.2), so the planner sees the running set and affinity map upstream computes from the same text.
+Where a row counts or not follows vllm-ascend's CPU-binding reader (``Mcu`` rows and
+``No running processes`` rows skipped, non-digit ids dropped), so the planner sees the running set
+and affinity map upstream computes from the same text.
 Formats and their provenance: ``../shared/fixtures/ascend/README.md`` and ``../ascend910/README.md``.
 
 For the planner: :func:`running_npus` and :func:`topo_affinity` read them back from the part.
 
 Groups (:func:`hccs_groups`): the first-generation 910 (910A, Atlas 800-9000) has two HCCS rings of
-four, 0–3 and 4–7 by logical id (seed 001; Huawei's Volcano plugin splits by id, and no 910A
-matrix was ever published), so exactly-eight-NPU 910 hosts get those two rings. Every other model is
-grouped by what its matrix prints: NPUs joined by HCCS-family links (HCCS, HCCS_SW, SIO) form one
+four, 0–3 and 4–7 by logical id (rings cannot exchange gradients; Huawei's Volcano plugin splits by
+id, and no 910A matrix was ever published), so exactly-eight-NPU 910 hosts get those two rings. Every
+other model is grouped by what its matrix prints: NPUs joined by HCCS-family links (HCCS, HCCS_SW, SIO) form one
 group. A 910B A2 server prints HCCS between all eight (full mesh, and Huawei's 910B×8 scheduler
 has no ring split), so it is one group of eight; PCIe cards (PIX/PXB/SYS only) get none.
 """
@@ -54,7 +55,7 @@ MIB = 1 << 20
 # Link kinds that are the HCCS fabric (on-package SIO between the two dies of an A3 card, the HCCS
 # switch between A3 cards), as opposed to a PCIe or SMP path.
 HCCS_KINDS = frozenset({"HCCS", "HCCS_SW", "SIO"})
-# Seed 001: an 8-NPU Ascend 910 server is two HCCS rings of four, by logical id.
+# An 8-NPU Ascend 910 server is two HCCS rings of four, by logical id.
 RINGS_910 = ((0, 1, 2, 3), (4, 5, 6, 7))
 
 

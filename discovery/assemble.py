@@ -491,7 +491,7 @@ def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[
 
 
 def _coherent_fabric(topo: pb.MemoryTopology, rec: Record, domain: int, by_id: Mapping[int, _Node]) -> None:
-    """The CPU↔GPU link inside a Unified domain (seed 002: a CoherentFabric interconnect carrying the
+    """The CPU↔GPU link inside a Unified domain (a CoherentFabric interconnect carrying the
     C2C bandwidth: NVML's for GH200/GB200, KFD's CPU io_link for MI300A). Only the vendor's figure
     is used; without one the link is reported with 0 (unknown), never a datasheet number."""
     bw = _int_attr(rec.attributes.get("c2c_bandwidth_mbps") or rec.attributes.get("cpu_link_bandwidth_mbps", ""))

@@ -11,7 +11,7 @@ key they all share. Formats and provenance: ``../shared/fixtures/kunlunxin/READM
 Intel's XPU Manager installs a tool with the same name, so the binary name proves nothing: the probe
 runs only when the host has a Kunlunxin accelerator on PCI (vendor 0x1d22) or ``/dev/xpuctrl``.
 
-Groups are the NUMA halves of seed 003 (see :func:`numa_groups`).
+Groups are the XPUs' NUMA halves, which 1-, 2- and 4-XPU jobs must not span (see :func:`numa_groups`).
 """
 
 from __future__ import annotations
@@ -348,7 +348,7 @@ def _small_int(text: str, what: str) -> int:
 
 
 def numa_groups(indices: Sequence[int], nodes: Mapping[int, int]) -> tuple[Ids, ...]:
-    """The XPUs' NUMA halves (seed 003: jobs of 1, 2 or 4 XPUs must not span NUMA nodes).
+    """The XPUs' NUMA halves (jobs of 1, 2 or 4 XPUs must not span NUMA nodes).
 
     With a NUMA node for every XPU: one group per node, in node order. Without one for every XPU:
     HAMi's positional rule — the first ``n // 2`` XPUs by index, then the rest (0–3 / 4–7 on an

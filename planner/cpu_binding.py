@@ -98,8 +98,8 @@ def parse_request(obj: Any) -> CpuBindingRequest:
     if device_type == "A5":
         raise PlanError(
             "invalid_request",
-            "device_type: A5 (Ascend 950) binds whole CPU clusters without IRQ/ACL/release roles "
-            "(notes §A.12); cpu-binding does not implement that path",
+            "device_type: A5 (Ascend 950) binds each NPU to whole CPU clusters (8 cores each) with no "
+            "IRQ/ACL/release roles; cpu-binding does not implement that path",
         )
     allowed = get_cpulist(req, "allowed_cpus")
     running = tuple(sorted(set(get_int_list(req, "running_npus"))))

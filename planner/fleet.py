@@ -3,12 +3,12 @@
 ``memtopo plan hccs|xpu`` rank the nodes a request lists; here each node comes from its agent's own
 ``MemoryTopology`` instead:
 
-* **hccs** — an 8-NPU Ascend 910 node is one whose topology holds NPU0–7 and the seed's two
+* **hccs** — an 8-NPU Ascend 910 node is one whose topology holds NPU0–7 and the two
   ``hccs-ring`` groups (NPU0–3, NPU4–7); discovery decides what the rings are, this module does not
   guess them again. Capacity is the node's healthy NPUs (npu-smi health ``OK`` or ``Warning``:
   ``Warning`` is a minor alarm the chip keeps working through); available are the healthy ones no
   process runs on and the request's ``allocated`` does not name.
-* **xpu** — a P800 node holds XPU0–7 and ``numa-half`` groups XPU0–3 / XPU4–7 (seed 003's halves).
+* **xpu** — a P800 node holds XPU0–7 and ``numa-half`` groups XPU0–3 / XPU4–7 (its NUMA halves).
   An agent cannot see which XPUs a device plugin has handed out, so used = the request's
   ``allocated``.
 * **place** — ``place.rank_nodes`` over every topology (its hard constraints filter first).
@@ -73,10 +73,10 @@ class _UnusableNodeError(Exception):
     """This node cannot serve the policy at all (as opposed to not fitting this request)."""
 
 
-def _seed_groups(topo: pb.MemoryTopology, kind: int, prefix: str, group_kind: str,
-                 ) -> dict[int, pb.Accelerator]:
+def _groups_of_four(topo: pb.MemoryTopology, kind: int, prefix: str, group_kind: str,
+                    ) -> dict[int, pb.Accelerator]:
     """The node's accelerators of ``kind`` by index, if they are exactly 0–7 and the topology groups
-    them in the seeds' two halves of four; _UnusableNodeError saying what is missing otherwise."""
+    them in two halves of four (0–3, 4–7); _UnusableNodeError saying what is missing otherwise."""
     devices = {a.index: a for a in topo.accelerators if a.kind == kind}
     if sorted(devices) != list(range(8)):
         shown = ",".join(str(i) for i in sorted(devices)) or "none"
@@ -121,7 +121,7 @@ def _selected(obj: Mapping[str, Any], nodes: Sequence[FleetNode]) -> list[FleetN
 
 
 def _hccs_view(topo: pb.MemoryTopology) -> DeviceView:
-    npus = _seed_groups(topo, pb.ACCELERATOR_KIND_NPU, "NPU", "hccs-ring")
+    npus = _groups_of_four(topo, pb.ACCELERATOR_KIND_NPU, "NPU", "hccs-ring")
     unknown = [i for i, a in sorted(npus.items()) if not a.health]
     if unknown:
         raise _UnusableNodeError(f"npu-smi gave no health for NPU{unknown[0]}")
@@ -130,7 +130,7 @@ def _hccs_view(topo: pb.MemoryTopology) -> DeviceView:
 
 
 def _xpu_view(topo: pb.MemoryTopology) -> DeviceView:
-    _seed_groups(topo, pb.ACCELERATOR_KIND_XPU, "XPU", "numa-half")
+    _groups_of_four(topo, pb.ACCELERATOR_KIND_XPU, "XPU", "numa-half")
     # An agent cannot see which XPUs a device plugin handed out: every XPU is usable until allocated.
     ids = tuple(range(8))
     return DeviceView(ids, ids)

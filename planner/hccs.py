@@ -1,11 +1,11 @@
-"""Ascend 910 HCCS affinity (seed 001, notes §1): which node, and which NPUs on it, for a job.
+"""Ascend 910 HCCS affinity (the Volcano NPU plugin's policy): which node, and which NPUs on it, for a job.
 
 An Atlas 800-9000 module has 8 NPUs on two HCCS rings, ids 0–3 and 4–7; NPUs on different rings
 cannot exchange gradients, so a pod of 1, 2 or 4 NPUs must stay inside one ring and a pod of 8 takes
-the whole node. Every node is classified into a priority group A–D (notes §1.4) and scored with the
-upstream master formula ``8·(capacity·4 − g) + (8 − available)`` (notes §1.5), which is the seed's
-"capacity 8 first, then A→D, then fullest node" ordering as one integer. Ties on score are broken by
-node name, so the ranking never depends on the order the nodes were given in.
+the whole node. Every node is classified into a priority group A–D by the free count of the ring the
+pod would use and scored with the upstream master formula ``8·(capacity·4 − g) + (8 − available)``,
+which is the design's "capacity 8 first, then A→D, then fullest node" ordering as one integer. Ties
+on score are broken by node name, so the ranking never depends on the order the nodes were given in.
 
 Pure functions; ``rank`` is the fleet entry point (the controller runs it over all its nodes) and
 ``decide`` is ``rank`` that refuses a request no node can take.
@@ -38,15 +38,16 @@ RING_NPUS = 4
 ANNOTATION_KEY = "huawei.com/Ascend910"
 _ID_PREFIX = "Ascend910-"
 
-# Ring sizes in priority order for a pod of r NPUs (notes §1.4): prefer the ring the pod leaves
-# empty or even (1→0, 3→2, 4→2 …) so later pods still find whole pairs and whole rings. Index = g.
-# Request 2 lists 3 after 4: a 3-free ring left with 1 is a worse fragment than a 4 left with 2, and
-# a 3/3 node therefore lands in C (issue 6: the seed's table "3−[0,1]" omits 3−[3]).
+# Ring sizes in priority order for a pod of r NPUs: a node's group is the first size either ring
+# matches exactly. Prefer the ring the pod leaves empty or even (1→0, 3→2, 4→2 …) so later pods still
+# find whole pairs and whole rings. Index = g. Request 2 lists 3 after 4: a 3-free ring left with 1 is
+# a worse fragment than a 4 left with 2. A 3/3 node lands in C and stays schedulable for 2 NPUs, as in
+# every upstream version, although the design's scenario table prints group C as "3−[0,1]" only.
 _PRIORITY: Mapping[int, tuple[int, ...]] = {1: (1, 3, 2, 4), 2: (2, 4, 3), 4: (4,)}
 
 _RULE = (
-    "seed 001 resource application constraints: a job asks for 1, 2 or 4 NPUs (kept inside one HCCS "
-    "ring), 8 (a whole node) or 8·N (N pods of 8 NPUs, one node each)"
+    "NPUs on different HCCS rings (0–3, 4–7) cannot exchange gradients, so a job asks for 1, 2 or 4 "
+    "NPUs (kept inside one ring), 8 (a whole node) or 8·N (N pods of 8 NPUs, one node each)"
 )
 
 
@@ -57,7 +58,7 @@ def _request_error(n: int) -> PlanError:
 
 
 def check_request(n: int) -> int:
-    """``n`` when it is a legal job size, else PlanError naming the seed's constraint."""
+    """``n`` when it is a legal job size, else PlanError naming the allowed sizes and why."""
     if n in _PRIORITY or (n > 0 and n % NODE_NPUS == 0):
         return n
     raise _request_error(n)
@@ -107,8 +108,8 @@ class Fit:
 
 
 def _npus(per_pod: int, fit: Fit, available: tuple[int, ...]) -> tuple[int, ...]:
-    # The first per_pod ids of the chosen ring in the node's own order (notes §1.6: upstream does not
-    # sort, and the ids go into the pod annotation in this order).
+    # The first per_pod ids of the chosen ring in the node's own order (upstream does not sort, and
+    # the ids go into the pod annotation in this order); the left ring wins when both match a size.
     if fit.group is None:
         return ()
     if fit.ring is None:
@@ -269,7 +270,8 @@ def evaluate(per_pod: int, node: Node) -> NodeResult:
 
 
 def select_npus(per_pod: int, available: Sequence[int]) -> tuple[int, ...]:
-    """NPUs a pod of ``per_pod`` gets from this available list (notes §1.6); () when it does not fit."""
+    """NPUs a pod of ``per_pod`` gets from this available list (the chosen ring's first ids, in list
+    order); () when it does not fit."""
     ids = tuple(available)
     return evaluate(per_pod, Node("", ids, len(ids))).npus
 

@@ -1,17 +1,18 @@
-"""Kunlunxin P800 topology-aware allocation (seed 003, notes §2): devices, MTF and score per node.
+"""Kunlunxin P800 topology-aware allocation (HAMi's kunlun policy): devices, MTF and score per node.
 
-A P800 node has 8 XPUs in two NUMA halves, 0–3 and 4–7, each a full XPU-link mesh. Seed 003's rules:
-only 1, 2, 4 or 8 cards; 1, 2 and 4 never span the halves; minimise fragmentation. Fragmentation is
-MTF ("minimized tasks to fill"): the fewest 1/2/4/8-card tasks that would fill the node's free XPUs,
-and a node scores by how an allocation changes it: score = 1000·(1 − ΔMTF), ΔMTF = MTF(occupancy
-after this allocation) − MTF(before).
+A P800 node has 8 XPUs in two NUMA halves, 0–3 and 4–7, each a full XPU-link mesh. The rules: only
+1, 2, 4 or 8 cards; 1, 2 and 4 never span the halves (a task is fastest inside one NUMA node);
+minimise fragmentation. Fragmentation is MTF ("minimized tasks to fill"): the fewest 1/2/4/8-card
+tasks that would fill the node's free XPUs, and a node scores by how an allocation changes it:
+score = 1000·(1 − ΔMTF), ΔMTF = MTF(occupancy after this allocation) − MTF(before).
 
 Occupancy strings are bitmasks: bit i counted from the right is XPU i ("00000011" = XPUs 0 and 1
-used); notes §2.3 shows this is the only reading under which the seed's score examples are what the
-selector produces.
+used). MTF is symmetric in the halves, so only the design's score examples fix the order: read this
+way, each "before→after" pair is what the selector produces (00000111→00001111 takes XPU 3); read
+left to right, none of them is.
 
 HAMi's "interconnect" fallback, which gives 2- or 4-card tasks XPUs from both halves when neither
-half can hold them (notes §2.2 step 3), breaks rule 2; it runs only when the request sets
+half can hold them, breaks the no-spanning rule; it runs only when the request sets
 ``cross_half_fallback``.
 """
 
@@ -40,15 +41,15 @@ HALF = 4
 ANNOTATION_KEY = "BAIDU_COM_DEVICE_IDX"
 REQUEST_SIZES = (1, 2, 4, 8)
 
-# Free-count sizes to look for in a half, best first (notes §2.2): take from the half the task
+# Free-count sizes to look for in a half, best first (HAMi's order): take from the half the task
 # empties or leaves even. Note 2 prefers a half with 3 free over one with 4 (unlike Ascend's 2,4,3).
 _ORDER: Final[Mapping[int, tuple[int, ...]]] = {1: (1, 3, 2, 4), 2: (2, 3, 4), 4: (4,)}
-# Cross-half XPU links (i ↔ i+4) and the 4-card cross-half groups, in HAMi's order (notes §2.1).
+# Cross-half XPU links (i ↔ i+4) and the 4-card cross-half groups, in HAMi's order.
 _INTERCONNECT: Final = ((0, 4), (1, 5), (2, 6), (3, 7))
 _CROSS_GROUPS: Final = ((0, 1, 4, 5), (2, 3, 6, 7), (0, 2, 4, 6), (1, 3, 5, 7), (0, 3, 4, 7), (1, 2, 5, 6))
 _LOW_HALF: Final = 0x0F
 
-_RULE = "seed 003 rule 1: only 1, 2, 4 or 8-card allocations are allowed"
+_RULE = "only 1, 2, 4 or 8-card allocations are allowed: 1, 2 and 4 fit one NUMA half, 8 is the whole node"
 
 
 # --- MTF ---------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def _compute_mtf(occupancy: int) -> int:
     return _half_tasks(HALF - used_low) + _half_tasks(HALF - used_high)
 
 
-# Built once: every node's MTF is a lookup, never recomputed (issue 6, speed).
+# Built once: every node's MTF is a lookup, never recomputed (ranking 10,000 nodes must stay fast).
 _MTF: Final[tuple[int, ...]] = tuple(_compute_mtf(o) for o in range(1 << DEVICES))
 
 
@@ -100,7 +101,7 @@ def mtf_of(occupancy: str) -> dict[str, Any]:
 
 
 def score_for_delta(delta: int) -> int:
-    """Seed 003's table (−1→2000, 0→1000, 1→0, 2→−1000), extended linearly beyond it."""
+    """The design's table (−1→2000, 0→1000, 1→0, 2→−1000), extended linearly beyond it."""
     return 1000 * (1 - delta)
 
 
@@ -108,7 +109,7 @@ def score_for_delta(delta: int) -> int:
 
 
 def _fallback(request: int, free: list[int]) -> tuple[int, ...]:
-    """HAMi's cross-half choice when no half can hold the task (notes §2.2 step 3)."""
+    """HAMi's cross-half choice when no half can hold a task of 2 or 4 cards; () if none."""
     free_set = set(free)
     if request == 2:
         for pair in _INTERCONNECT:
@@ -161,7 +162,7 @@ class Outcome:
     occupancy: int
     devices: tuple[int, ...]  # selection order; () when the node does not fit
     mtf_before: int
-    mtf_after: int | None  # whole node after the allocation (the seed's examples)
+    mtf_after: int | None  # whole node after the allocation, old and new XPUs together
     delta: int | None
     score: int | None
     spans_halves: bool  # only ever True with cross_half_fallback
@@ -208,7 +209,7 @@ def _reason(request: int, occupancy: int, cross_half_fallback: bool) -> str:
         return "NumaNotFit: no free XPU"
     text = (
         f"NumaNotFit: no NUMA half has {request} free XPUs (0–3: {free_low} free, 4–7: {free_high} free); "
-        "seed 003 rule 2 keeps 1-, 2- and 4-card tasks inside one half"
+        "1-, 2- and 4-card tasks must not span NUMA halves"
     )
     return text + ", and no cross-half group is free" if cross_half_fallback else text
 
@@ -254,7 +255,7 @@ def evaluate(request: int, occupancy: int, cross_half_fallback: bool = False) ->
 
 
 def check_request(n: int) -> int:
-    """``n`` if seed 003 allows a task of that many XPUs, else PlanError naming the rule."""
+    """``n`` if a task of that many XPUs is allowed (1, 2, 4, 8), else PlanError naming the rule."""
     if n not in REQUEST_SIZES:
         raise PlanError("invalid_request", f"request: {n} XPUs is not allowed ({_RULE})")
     return n

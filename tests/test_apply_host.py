@@ -113,7 +113,7 @@ def test_parse_stat_of_this_process_and_of_kthreadd() -> None:
 
 
 def test_parse_numa_maps_notes_example() -> None:
-    # kernel_interfaces.md §7.6, plus a policy with a space and a path with a space.
+    # Two lines recorded from a real numa_maps, plus a policy with a space and a path with a space.
     text = ("55eb62189000 default heap anon=4 dirty=4 active=0 N0=4 kernelpagesize_kB=4\n"
             "7f6eec2ce000 default file=/usr/lib/locale/C.utf8/LC_CTYPE mapped=32 mapmax=22 N0=32 kernelpagesize_kB=4\n"
             "7f0000000000 weighted interleave:0-1 anon=10 N0=5 N1=5 kernelpagesize_kB=4\n"
@@ -127,7 +127,7 @@ def test_parse_numa_maps_of_this_process() -> None:
 
 
 def test_parse_interrupts_live_format() -> None:
-    # kernel_interfaces.md §5.1, the dev VM's real /proc/interrupts excerpt
+    # An excerpt recorded from a dev VM's real /proc/interrupts
     text = ("           CPU0       CPU1       \n"
             " 24:          1          0  IO-APIC   5-edge      ACPI:Ged\n"
             " 36:          0      49943 PCI-MSIX-0000:00:02.0   1-edge      virtio1-req.0\n"

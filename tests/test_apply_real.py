@@ -38,7 +38,8 @@ P = planpb.PlanResult
 S = planpb.ActionResult
 V1_CPUSET = Path("/sys/fs/cgroup/cpuset")
 
-# A child with named threads (the reference design's roles), printing its pid and thread ids.
+# A child with named threads (the CPU-binding roles: ACL and release threads, workers), printing its pid and
+# thread ids.
 CHILD = r"""
 import ctypes, sys, threading, os
 libc = ctypes.CDLL(None)

@@ -1,4 +1,4 @@
-"""The fast paths of the apply engine (issue 5) keep its contract: IRQ actions share the journal
+"""The fast paths of the apply engine keep its contract: IRQ actions share the journal
 fsync of a cpuset action before them and are still rolled back after a crash at any point; the
 IRQ write reads back through its own descriptor (real files) or through a fake kernel's write;
 kernel attributes are read in one read(2) without losing longer files; the journal's ``begin``

@@ -229,7 +229,7 @@ def test_info_garbage_raises(body: str) -> None:
         parse_info(body)
 
 
-# ---- upstream process-table vectors (cpu_binding.md §C.1 P6–P15) ------------------------------------
+# ---- upstream process-table vectors (vllm-ascend's npu-smi parser unit tests) ------------------------
 BASIC = parse_npu_map(text(UT / "ut-npu-smi-info-m-basic.txt"))
 TWO_DIE = parse_npu_map(text(UT / "ut-npu-smi-info-m-phyid.txt"))
 
@@ -386,7 +386,7 @@ def test_part_910a_x8_rings_by_id_and_enumerated_ids() -> None:
     assert any("numbered from the npu-smi info table" in p for p in problems)
     assert [d.index for d in part.devices] == list(range(8))
     assert {d.attributes["series"] for d in part.devices} == {"910"}
-    assert part.groups == ((0, 1, 2, 3), (4, 5, 6, 7))  # seed 001: not derivable from the Bus-Ids
+    assert part.groups == ((0, 1, 2, 3), (4, 5, 6, 7))  # two HCCS rings by id: not derivable from the Bus-Ids
     assert [d.memory_bytes for d in part.devices] == [32768 * MIB] * 8  # HBM, not the 15 GB DDR
     assert "running" not in part.devices[0].attributes  # this old format has no process table
 

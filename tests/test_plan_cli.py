@@ -1,8 +1,8 @@
 """``memtopo plan``: every policy through the command line, the error contract and exit codes.
 
-Expected values come from the notes' vectors (``../shared/notes/cpu_binding.md`` §C,
-``npu_xpu_affinity.md`` §1.8/§2.3, ``kubevirt_pci_numa.md`` §8.1) and the seeds' own examples, not
-from this code's output. Topologies: the synthesized A3 and GH200 hosts (``tests/fixtures``),
+Expected values come from the upstream projects' unit tests (vllm-ascend CPU binding, the Volcano
+Ascend plugin, HAMi's kunlun device, KubeVirt's pci-placement) and the reference designs' own
+examples, not from this code's output. Topologies: the synthesized A3 and GH200 hosts (``tests/fixtures``),
 discovered once per module, and hand-built messages where a vector names a fake sysfs.
 """
 
@@ -109,7 +109,7 @@ def fake_discovery(monkeypatch: pytest.MonkeyPatch, topo: pb.MemoryTopology,
     return asked
 
 
-# ---- cpu-binding (notes cpu_binding.md §C) -----------------------------------------------------------
+# ---- cpu-binding (vllm-ascend's vectors and design examples) -----------------------------------------
 A2_AFFINITY = {"0": "144-167", "1": "0-23", "2": "144-167", "3": "0-23",
                "4": "96-119", "5": "48-71", "6": "96-119", "7": "48-71"}
 A2_NUMA = {str(n): f"{24 * n}-{24 * n + 23}" for n in range(8)}
@@ -185,7 +185,7 @@ def test_cpu_binding_bad_requests_name_the_key(request_: dict[str, Any], field: 
 
 def test_cpu_binding_a3_root_fills_every_fact(a3_root: Path, a3_topology: pb.MemoryTopology) -> None:
     # Real discovery of the synthesized A3 host: 640 CPUs, 8 nodes, 16 running NPUs, no affinity column
-    # → the design doc's table (notes §C.4): NPU i → 40i…40i+39.
+    # → the design doc's A3 table: NPU i → 40i…40i+39.
     rc, doc = run(["plan", "cpu-binding", "--request", "-", "--root", str(a3_root)], "{}")
     assert rc == 0 and doc["mode"] == "global_slice" and len(doc["npus"]) == 16
     assert doc["npus"]["0"] == {"cpus": "0-39", "irq": "0-1", "main": "2-37", "acl": 38, "release": 39}
@@ -200,7 +200,7 @@ def test_cpu_binding_a3_root_fills_every_fact(a3_root: Path, a3_topology: pb.Mem
 def test_cpu_binding_request_values_win_over_discovery(monkeypatch: pytest.MonkeyPatch,
                                                        a3_topology: pb.MemoryTopology) -> None:
     # Only NPU 3 runs here, and this process may use 0-191: global_slice over the host's 16 NPUs
-    # (notes §A.4) is 192 // 16 = 12 CPUs each, NPU 3 → 36-47.
+    # gives each NPU len(allowed) // NPUs = 192 // 16 = 12 CPUs, NPU 3 → 36-47.
     asked = fake_discovery(monkeypatch, a3_topology)
     rc, doc = plan("cpu-binding", {"running_npus": [3], "allowed_cpus": "0-191"})
     assert rc == 0 and asked == [None]
@@ -308,9 +308,9 @@ def test_npu_irqs_read_msi_vectors_by_action_name(tmp_path: Path) -> None:
     assert set(found) == {3} and (found[3].sq, found[3].cq) == ((96,), (97,))
 
 
-# ---- hccs (notes npu_xpu_affinity.md §1.8) -----------------------------------------------------------
+# ---- hccs (the Volcano Ascend plugin's test vectors) -------------------------------------------------
 def test_hccs_master_score_vector() -> None:
-    # §1.8.3 ScoreBestNPUNodes: r=1; node1 {0}, node3 {0,1,2}, node11 {4,5}, node12 {4,5,6,7};
+    # master frame_test ScoreBestNPUNodes: r=1; node1 {0}, node3 {0,1,2}, node11 {4,5}, node12 {4,5,6,7};
     # allocatable 8 → 263, 253, 246, 236.
     nodes = [{"name": n, "available": ids, "capacity": 8}
              for n, ids in (("node1", [0]), ("node3", [0, 1, 2]), ("node11", [4, 5]), ("node12", [4, 5, 6, 7]))]
@@ -321,8 +321,8 @@ def test_hccs_master_score_vector() -> None:
 
 
 def test_hccs_four_npus_take_a_whole_ring_in_node_order() -> None:
-    # §1.8.2 best nodes / select: r=4; centos1 {5,2,0,1,3} → group A, NPUs [2,0,1,3] (both nodes are in
-    # group A; with 8 allocatable each the fuller centos1 ranks first, notes §1.5).
+    # v2.0.3 best nodes / select: r=4; centos1 {5,2,0,1,3} → group A, NPUs [2,0,1,3] (both nodes are in
+    # group A; with 8 allocatable each the fuller centos1 ranks first: fewer available scores higher).
     rc, doc = plan("hccs", {"request": 4, "nodes": [
         {"name": "centos1", "available": [5, 2, 0, 1, 3], "capacity": 8},
         {"name": "centos2", "available": [5, 4, 6, 7, 0, 1], "capacity": 8}]})
@@ -335,17 +335,18 @@ def test_hccs_four_npus_take_a_whole_ring_in_node_order() -> None:
 
 def test_hccs_errors() -> None:
     rc, doc = plan("hccs", {"request": 7, "nodes": [{"name": "a", "available": list(range(8))}]})
-    assert rc == 2 and error_of(doc)[0] == "invalid_request" and "seed 001" in error_of(doc)[1]
-    # §1.8.1: request 2 with one free NPU in each ring fits nowhere.
+    assert rc == 2 and error_of(doc)[0] == "invalid_request"
+    assert "1, 2 or 4 NPUs (kept inside one ring), 8 (a whole node) or 8·N" in error_of(doc)[1]
+    # v2.0.3 insertNodeInPriGroup: request 2 with one free NPU in each ring fits nowhere.
     rc, doc = plan("hccs", {"request": 2, "nodes": [{"name": "a", "available": [0, 4]}]})
     assert rc == 1 and error_of(doc)[0] == "unsatisfiable" and "a:" in error_of(doc)[1]
     rc, doc = plan("hccs", {"request": 2, "nodes": [{"name": "a", "available": [0, 4], "capcity": 8}]})
     assert rc == 2 and "capcity" in error_of(doc)[1]
 
 
-# ---- xpu and mtf (seed 003; notes §2.3) --------------------------------------------------------------
-def test_xpu_seed_score_examples() -> None:
-    # Seed 003: 00000111→00001111 −1 → 2000; 00001111→00011111 +1 → 0; 00000000→00000001 +2 → −1000
+# ---- xpu and mtf (the design's examples, bit i from the right = XPU i) -------------------------------
+def test_xpu_design_score_examples() -> None:
+    # The design: 00000111→00001111 −1 → 2000; 00001111→00011111 +1 → 0; 00000000→00000001 +2 → −1000
     # (one card each); 00000111→00110111 0 → 1000 (two cards).
     nodes = [{"name": "a", "occupancy": "00000111"}, {"name": "b", "occupancy": "00001111"},
              {"name": "c", "used": []}]
@@ -360,14 +361,14 @@ def test_xpu_seed_score_examples() -> None:
 
 def test_xpu_errors() -> None:
     rc, doc = plan("xpu", {"request": 3, "nodes": [{"name": "a", "used": []}]})
-    assert rc == 2 and "seed 003 rule 1" in error_of(doc)[1]
+    assert rc == 2 and "only 1, 2, 4 or 8-card allocations are allowed" in error_of(doc)[1]
     rc, doc = plan("xpu", {"request": 1, "nodes": [{"name": "full", "occupancy": "11111111"}]})
     assert rc == 1 and error_of(doc)[0] == "unsatisfiable" and "NumaNotFit" in error_of(doc)[1]
 
 
 @pytest.mark.parametrize(("occupancy", "mtf"), [("11111111", 0), ("00000000", 1), ("00000011", 2),
                                                  ("00000001", 3), ("00010001", 4)])
-def test_mtf_seed_table(occupancy: str, mtf: int) -> None:
+def test_mtf_design_table(occupancy: str, mtf: int) -> None:
     rc, doc = run(["plan", "mtf", occupancy])
     assert rc == 0 and doc["mtf"] == mtf and doc["occupancy"] == occupancy
 
@@ -377,10 +378,10 @@ def test_mtf_bad_occupancy() -> None:
     assert rc == 2 and error_of(doc)[0] == "invalid_request"
 
 
-# ---- guest-pci (notes kubevirt_pci_numa.md §8.1) -----------------------------------------------------
+# ---- guest-pci (KubeVirt pci-placement_test.go) -----------------------------------------------------
 GUEST_NUMA = {"cells": {"0": "0-1", "1": "2-3"}, "vcpupins": {"0": "0", "2": "4"},
               "host_node_cpus": {"0": "0-3", "1": "4-7"}}
-# §8.1's fake sysfs: 01=0, 02=1, 03=0, 04=1, 05=0, 06 has no entry.
+# The upstream test's fake sysfs: 01=0, 02=1, 03=0, 04=1, 05=0, 06 has no entry.
 SYSFS_NODES = {"01": 0, "02": 1, "03": 0, "04": 1, "05": 0}
 
 
@@ -445,9 +446,9 @@ def test_guest_pci_complete_request_needs_no_host() -> None:
     assert rc == 0 and "facts" not in doc and doc["controllers"][0]["bus_nr"] == 254
 
 
-# ---- place (seed 002) --------------------------------------------------------------------------------
+# ---- place (memory topology) ------------------------------------------------------------------------
 def test_place_unified_memory_policy_is_skipped_unless_explicit(gh200_topology: pb.MemoryTopology) -> None:
-    # Seed 002: on a Unified (GH200) domain the memory policy is skipped unless the request names one.
+    # On a Unified (GH200) domain the memory policy is skipped unless the request names one.
     topo = topology_json(gh200_topology)
     rc, doc = plan("place", {"cpus": 8, "gpus": 1, "memory_gb": 16, "topology": topo})
     assert rc == 0 and doc["policy"] == "place" and doc["co_located"] is True
@@ -463,7 +464,7 @@ def test_place_hard_constraints_name_the_constraint(a3_topology: pb.MemoryTopolo
     rc, doc = plan("place", {"cpus": 8, "topology": topo, "constraints": {"require_unified_memory": True}})
     assert rc == 1 and doc["error"]["code"] == "unsatisfiable"
     assert doc["error"]["constraint"] == "require_unified_memory"
-    # Seed 002: memory above local DRAM (512 GiB here) needs allow_cxl_memory.
+    # Memory above local DRAM (512 GiB here) needs allow_cxl_memory.
     rc, doc = plan("place", {"cpus": 8, "memory_gb": 600, "topology": topo})
     assert rc == 1 and doc["error"]["constraint"] == "allow_cxl_memory"
 

@@ -1,4 +1,4 @@
-"""Ascend 910 HCCS policy: seed 001's table, upstream test vectors (notes §1.8) and properties.
+"""Ascend 910 HCCS policy: the design's scenario table, the Volcano plugin's upstream test vectors and properties.
 
 No Ascend hardware here: inputs are the node lists the device plugin publishes, in its real format
 where a fixture exists (../shared/fixtures/ascend910).
@@ -47,12 +47,14 @@ INVALID_SIZES = [0, 3, 5, 6, 7, 9, 12, 20, -1, -8]
 
 
 @pytest.mark.parametrize("n", INVALID_SIZES)
-def test_illegal_request_sizes_name_the_seed_constraint(n: int) -> None:
+def test_illegal_request_sizes_name_the_allowed_sizes_and_why(n: int) -> None:
     with pytest.raises(PlanError) as err:
         hccs.parse_request({"request": n, "nodes": [node("a", list(range(8)))]})
     assert err.value.code == "invalid_request"
     assert err.value.message.startswith("request:")
-    assert "seed 001" in err.value.message and "8·N" in err.value.message and "1, 2 or 4" in err.value.message
+    message = err.value.message
+    assert "1, 2 or 4 NPUs (kept inside one ring)" in message and "8 (a whole node)" in message and "8·N" in message
+    assert "HCCS rings (0–3, 4–7) cannot exchange gradients" in message
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 24, 64])
@@ -106,44 +108,45 @@ def test_capacity_defaults_to_the_number_available() -> None:
     assert req.nodes == (hccs.Node("a", (5, 1, 2), 3),)
 
 
-# --- seed 001 scenario table (notes §1.4, issue 6 decision for 2-NPU group C) --------------------
+# --- the design's scenario table, with 3/3 schedulable for 2 NPUs ----------------------------
 
-# "chosen ring − [counts the other ring may have]", transcribed from seed 001's table; the one
-# change is 2-NPU group C = 3−[0, 1, 3] (issue 6; the seed prints 3−[0, 1]).
-SEED_TABLE: dict[int, dict[str, tuple[int, list[int]]]] = {
+# "chosen ring − [counts the other ring may have]", transcribed from the design's table; the one
+# change is 2-NPU group C = 3−[0, 1, 3]: the table prints 3−[0, 1], but every upstream version
+# schedules 2 NPUs on a node with 3 free in each ring, and dropping it would strand that node.
+DESIGN_TABLE: dict[int, dict[str, tuple[int, list[int]]]] = {
     1: {"A": (1, [0, 1, 2, 3, 4]), "B": (3, [0, 2, 3, 4]), "C": (2, [0, 2, 4]), "D": (4, [0, 4])},
     2: {"A": (2, [0, 1, 2, 3, 4]), "B": (4, [0, 1, 3, 4]), "C": (3, [0, 1, 3])},
     4: {"A": (4, [0, 1, 2, 3, 4])},
 }
 
 
-def seed_group(request: int, left: int, right: int) -> str | None:
+def table_group(request: int, left: int, right: int) -> str | None:
     if request == 8:
         return "A" if left == right == 4 else None
     found = {
         group
-        for group, (ring, others) in SEED_TABLE[request].items()
+        for group, (ring, others) in DESIGN_TABLE[request].items()
         if (left == ring and right in others) or (right == ring and left in others)
     }
-    assert len(found) <= 1, f"seed table lists {left}/{right} twice"
+    assert len(found) <= 1, f"design table lists {left}/{right} twice"
     return found.pop() if found else None
 
 
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
-def test_groups_match_the_seed_table_for_every_ring_count(size: int) -> None:
+def test_groups_match_the_design_table_for_every_ring_count(size: int) -> None:
     for left in range(5):
         for right in range(5):
-            assert hccs.group_of(size, left, right) == seed_group(size, left, right), (left, right)
+            assert hccs.group_of(size, left, right) == table_group(size, left, right), (left, right)
 
 
 def test_two_npus_on_a_node_with_three_free_per_ring_is_group_c() -> None:
     decision = plan(2, node("n", [0, 1, 2, 4, 5, 6], 8))
     (result,) = decision.nodes
     assert result.fit.group == "C"
-    assert result.npus == (0, 1)  # left ring first at the matching size (notes §1.6)
+    assert result.npus == (0, 1)  # left ring first at the matching size
 
 
-# --- upstream vectors, notes §1.8.1 (v2.0.3 insertNodeInPriGroup) ------------------------------
+# --- upstream vectors: v2.0.3 model_test.go, insertNodeInPriGroup --------------------------------
 
 GROUP_VECTORS = [
     (1, 1, 4, "A"),
@@ -176,7 +179,7 @@ def test_upstream_group_membership_illegal_request_7() -> None:
         hccs.group_of(7, 4, 4)
 
 
-# --- notes §1.8.2 (v2.0.3 frame_test / model_test) ----------------------------------------------
+# --- upstream vectors: v2.0.3 frame_test / model_test -------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -239,7 +242,7 @@ def test_upstream_pod_annotation_keeps_the_selection_order() -> None:
     assert result.to_json()["annotation"] == {"huawei.com/Ascend910": "Ascend910-2,Ascend910-0,Ascend910-1,Ascend910-3"}
 
 
-# --- notes §1.8.3 (master frame_test) -----------------------------------------------------------
+# --- upstream vectors: master (2023) frame_test --------------------------------------------------
 
 
 def test_upstream_master_score_best_npu_nodes() -> None:
@@ -285,7 +288,7 @@ def test_upstream_master_valid_npu_job(size: int, ok: bool) -> None:
             hccs.parse_request(body)
 
 
-# --- r40 multi-node ranking vectors (notes §1.5 "table 1.8.4") -----------------------------------
+# --- r40 multi-node ranking vectors (the master score formula ranks all 54 like r40) -------------
 # Transcribed from Ascend/ascend-for-volcano branch HuaWei-0.4.0, topology910_test.go,
 # buildBatchNodeOrderFnTests: node "nK_L_R" = node nK with L free in ring 0–3 and R in ring 4–7;
 # capacity n1–n3 8, n4 7, n5 6; the pod name's suffix is the node r40 gives weight 1 ("n0": none).
@@ -428,7 +431,7 @@ def test_unsatisfiable_names_each_node_and_its_reason() -> None:
 
 
 def test_capacity_band_beats_group() -> None:
-    # Seed 001: capacity 8 first (A→D), then capacity 7 (A→D): a D node of capacity 8 beats an A
+    # Full-priority rule: capacity 8 first (A→D), then capacity 7 (A→D): a D node of capacity 8 beats an A
     # node of capacity 7.
     decision = plan(1, node("worn", [3, 4, 5], 7), node("fresh", list(range(8)), 8))
     assert decision.chosen == ("fresh",)
@@ -436,7 +439,7 @@ def test_capacity_band_beats_group() -> None:
 
 
 def test_default_capacity_is_the_available_count() -> None:
-    # Issue 6: capacity defaults to the number available, so a partly used node without a
+    # Capacity defaults to the number available, so a partly used node without a
     # capacity field ranks in a lower band than a full one (callers who want binpack pass capacity).
     decision = plan(1, node("used", [0, 4, 5, 6, 7]), node("fresh", list(range(8))))
     assert decision.chosen == ("fresh",)
@@ -526,7 +529,7 @@ def test_ranking_does_not_depend_on_node_order(body: dict[str, Any], rnd: Any) -
 
 
 @given(fleets())
-def test_ranking_is_score_then_name_and_scores_follow_the_seed_order(body: dict[str, Any]) -> None:
+def test_ranking_is_score_then_name_and_scores_follow_the_design_order(body: dict[str, Any]) -> None:
     decision = hccs.rank(hccs.parse_request(body))
     fitting = [r for r in decision.nodes if r.fit.fits]
     rejected = [r for r in decision.nodes if not r.fit.fits]
@@ -536,10 +539,10 @@ def test_ranking_is_score_then_name_and_scores_follow_the_seed_order(body: dict[
     assert [r.node.name for r in rejected] == sorted(r.node.name for r in rejected)
     for a in fitting:
         for b in fitting:
-            # Seed order: higher capacity, then better group, then fewer NPUs left.
-            seed_a = (a.node.capacity, -"ABCD".index(a.fit.group or "A"), -len(a.node.available))
-            seed_b = (b.node.capacity, -"ABCD".index(b.fit.group or "A"), -len(b.node.available))
-            if seed_a > seed_b:
+            # Design order: higher capacity, then better group, then fewer NPUs left.
+            order_a = (a.node.capacity, -"ABCD".index(a.fit.group or "A"), -len(a.node.available))
+            order_b = (b.node.capacity, -"ABCD".index(b.fit.group or "A"), -len(b.node.available))
+            if order_a > order_b:
                 assert (a.fit.score or 0) > (b.fit.score or 0)
     if len(fitting) >= decision.pods:
         assert decision.chosen == tuple(r.node.name for r in fitting[: decision.pods])

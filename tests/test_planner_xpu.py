@@ -1,7 +1,7 @@
-"""Kunlunxin P800 policy: seed 003's examples, HAMi's test vectors (notes §2.6), MTF brute force.
+"""Kunlunxin P800 policy: the design's MTF and score examples, HAMi's test vectors, MTF brute force.
 
-No P800 here: inputs are occupancies as the seed writes them; the bind annotation is compared with
-the fixture copied from the seed (../shared/fixtures/kunlunxin).
+No P800 here: inputs are occupancies as the design writes them (bit i from the right = XPU i); the
+bind annotation is compared with the design's example, recorded in ../shared/fixtures/kunlunxin.
 """
 
 from __future__ import annotations
@@ -92,13 +92,13 @@ def test_mtf_of_a_used_list_equals_brute_force(used: list[int]) -> None:
     ("text", "expected"),
     [("11111111", 0), ("00000000", 1), ("00000011", 2), ("00000001", 3), ("00010001", 4)],
 )
-def test_seed_mtf_examples(text: str, expected: int) -> None:
+def test_design_mtf_examples(text: str, expected: int) -> None:
     assert xpu.mtf(occ(text)) == expected
     assert xpu.mtf_of(text)["mtf"] == expected
 
 
 def test_mtf_table_by_used_count_per_half() -> None:
-    # notes §2.3: MTF depends only on how many XPUs each half uses.
+    # MTF depends only on how many XPUs each half uses, not on which.
     table = [[1, 3, 2, 2, 1], [3, 4, 3, 3, 2], [2, 3, 2, 2, 1], [2, 3, 2, 2, 1], [1, 2, 1, 1, 0]]
     for occupancy in range(256):
         low, high = (occupancy & 0x0F).bit_count(), (occupancy >> 4).bit_count()
@@ -147,7 +147,7 @@ def test_mtf_of_garbage_text_never_crashes(text: str) -> None:
 
 
 @pytest.mark.parametrize(("delta", "score"), [(-1, 2000), (0, 1000), (1, 0), (2, -1000)])
-def test_seed_score_table(delta: int, score: int) -> None:
+def test_design_score_table(delta: int, score: int) -> None:
     assert xpu.score_for_delta(delta) == score
 
 
@@ -160,9 +160,9 @@ def test_seed_score_table(delta: int, score: int) -> None:
         ("00000000", "00000001", 1, 2, -1000),
     ],
 )
-def test_seed_score_examples(before: str, after: str, size: int, delta: int, score: int) -> None:
-    # The selector must produce exactly the seed's "after" occupancy, and the whole-node MTF change
-    # gives the seed's score.
+def test_design_score_examples(before: str, after: str, size: int, delta: int, score: int) -> None:
+    # The selector must produce exactly the design's "after" occupancy, and the whole-node MTF change
+    # gives the design's score.
     outcome = xpu.evaluate(size, occ(before))
     assert outcome.occupancy | mask(outcome.devices) == occ(after)
     assert (outcome.delta, outcome.score) == (delta, score)
@@ -176,13 +176,13 @@ def test_seed_score_examples(before: str, after: str, size: int, delta: int, sco
         ({0}, {4}, 2000),
         ({0, 1}, {0}, 1000),
         ({0, 1, 2, 3}, {0}, 0),
-        ({0, 1, 2, 3}, set(range(8)), 3000),  # ScoreNode; #1121 (seed mapping) expected 2000
+        ({0, 1, 2, 3}, set(range(8)), 3000),  # ScoreNode; #1121 (the design's mapping) expected 2000
         (set(), {0}, 0),  # ScoreNode; #1121 expected −1000
     ],
 )
 def test_upstream_calcscore_mapping(prev: set[int], cur: set[int], head_score: int) -> None:
-    # HAMi's calcscore(prev, cur) scores MTF(cur) − MTF(prev); HEAD shifted the seed's table by +1000
-    # (notes §2.4). Same deltas, seed mapping.
+    # HAMi's calcscore(prev, cur) scores MTF(cur) − MTF(prev); HEAD shifted the design's table by +1000
+    # (device scores are now added to the node's base score). Same deltas, the design's mapping.
     delta = xpu.mtf(mask(cur)) - xpu.mtf(mask(prev))
     assert xpu.score_for_delta(delta) == head_score - 1000
 
@@ -191,18 +191,18 @@ def test_upstream_calcscore_mapping(prev: set[int], cur: set[int], head_score: i
     ("used", "devices", "score"),
     [
         (set(), (0,), -1000),  # MTF 1 → 3
-        ({3, 4, 5, 6, 7}, (0,), 2000),  # MTF 2 → 1 (notes §2.4: union −1 = doc 2000)
+        ({3, 4, 5, 6, 7}, (0,), 2000),  # MTF 2 → 1 (old and new XPUs together: −1 = 2000)
     ],
 )
-def test_upstream_end_to_end_devices_with_seed_score(used: set[int], devices: tuple[int, ...], score: int) -> None:
+def test_upstream_end_to_end_devices_with_design_score(used: set[int], devices: tuple[int, ...], score: int) -> None:
     # score_test.go's devices; its totals (0, 1006.25) use HEAD's "new devices alone" reading and a
-    # base score we do not model, so the score here is the seed's whole-node delta.
+    # base score we do not model, so the score here is the design's whole-node delta.
     (result,) = plan(1, {"name": "n", "used": sorted(used)}).nodes
     assert result.outcome.devices == devices
     assert result.outcome.score == score
 
 
-# --- selection (notes §2.6, HAMi Test_graphSelect / topo_test) ----------------------------------
+# --- selection (HAMi Test_graphSelect / topo_test) -----------------------------------------------
 
 SELECT_VECTORS: list[tuple[frozenset[int], int, tuple[int, ...], bool]] = [
     # (used, request, HAMi's result, does HAMi's result span the halves)
@@ -235,16 +235,17 @@ def test_upstream_selection_with_cross_half_fallback(
 def test_selection_by_default_never_spans_the_halves(
     used: frozenset[int], size: int, expected: tuple[int, ...], spans: bool
 ) -> None:
-    # Seed 003 rule 2: HAMi's cross-half answers are no fit unless the request opts in.
+    # 1-, 2- and 4-card tasks must not span NUMA halves: HAMi's cross-half answers are no fit unless
+    # the request opts in.
     outcome = xpu.evaluate(size, mask(used))
     assert outcome.devices == (() if spans else expected)
     if spans:
-        assert outcome.reason is not None and "seed 003 rule 2" in outcome.reason
+        assert outcome.reason is not None and "1-, 2- and 4-card tasks must not span NUMA halves" in outcome.reason
 
 
 def test_request_of_three_fits_nowhere() -> None:
     # Upstream: "none used, request 3 → []"; here the request itself is refused.
-    with pytest.raises(PlanError, match="seed 003 rule 1"):
+    with pytest.raises(PlanError, match="only 1, 2, 4 or 8-card allocations are allowed"):
         plan(3, {"name": "n", "used": []})
 
 
@@ -255,7 +256,7 @@ def test_all_used_is_numa_not_fit() -> None:
     assert "n: NumaNotFit: no free XPU" in err.value.message
 
 
-def test_bind_annotation_matches_the_seed_example() -> None:
+def test_bind_annotation_matches_the_design_example() -> None:
     expected = (KUNLUNXIN / "hami_bind_annotation_example.txt").read_text().strip()
     (result,) = plan(4, {"name": "n", "used": [4, 5, 6, 7]}).nodes
     assert result.outcome.annotation == expected == "BAIDU_COM_DEVICE_IDX=0,1,2,3"
@@ -297,13 +298,13 @@ def test_every_selection_is_free_sized_and_within_a_half(fallback: bool) -> None
 
 
 @pytest.mark.parametrize("n", [0, 3, 5, 6, 7, 12, 16, -1])
-def test_illegal_request_sizes_name_the_seed_rule(n: int) -> None:
+def test_illegal_request_sizes_name_the_rule(n: int) -> None:
     with pytest.raises(PlanError) as err:
         xpu.parse_request({"request": n, "nodes": [{"name": "a", "used": []}]})
     assert err.value.code == "invalid_request"
-    assert (
-        err.value.message
-        == f"request: {n} XPUs is not allowed (seed 003 rule 1: only 1, 2, 4 or 8-card allocations are allowed)"
+    assert err.value.message == (
+        f"request: {n} XPUs is not allowed (only 1, 2, 4 or 8-card allocations are allowed: "
+        "1, 2 and 4 fit one NUMA half, 8 is the whole node)"
     )
 
 
@@ -405,7 +406,7 @@ def test_to_json_shape() -> None:
                 "fits": False,
                 "mtf_before": 2,  # one free XPU per half: two 1-card tasks
                 "reason": "NumaNotFit: no NUMA half has 2 free XPUs (0–3: 1 free, 4–7: 1 free); "
-                "seed 003 rule 2 keeps 1-, 2- and 4-card tasks inside one half",
+                "1-, 2- and 4-card tasks must not span NUMA halves",
             },
         ],
     }

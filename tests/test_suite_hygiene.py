@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,4 +34,70 @@ def test_no_test_sets_a_deadline_or_bounds_elapsed_time() -> None:
              for path in TESTS if path.name != "test_suite_hygiene.py"
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if ELAPSED_UPPER_BOUND.search(line) or A_DEADLINE.search(line)]
+    assert found == []
+
+
+# Comments and messages state the fact itself, not where it was read: a citation of a reference
+# design by number, of an issue, or of a research-notes section means nothing to a reader of the
+# code. The words are assembled from parts so that this file's own source does not match.
+_SEED, _ISSUE, _NOTES, _SECTION = "se" + "ed", "iss" + "ue", "no" + "tes", "\u00a7"
+CITATION = re.compile(
+    "|".join((
+        rf"\b{_SEED}s? 0\d{{0,2}}\b",  # a reference design by its number
+        rf"\b{_ISSUE}s? \d+\b",  # a project issue (an upstream "#N" reference is a public source)
+        rf"{_SECTION}\s?[A-Z0-9]",  # a section of a document
+        rf"\bsee (the )?{_NOTES}\b|\bfrom the {_NOTES}\b|shared/({_NOTES}|{_SEED}s)/",
+    )),
+    re.IGNORECASE,
+)
+PACKAGE_FOLDERS = ("discovery", "planner", "apply", "agent", "controller", "cli", "draw", "k8s", "bench", "tools",
+                   "tests", "memtopo", "proto")
+SOURCE_SUFFIXES = (".py", ".pyi", ".proto")
+
+
+def _source_files() -> list[Path]:
+    # os.walk does not follow symlinks, so memtopo/'s links to the other floors are not read twice.
+    found = []
+    for folder in PACKAGE_FOLDERS:
+        for dirpath, dirnames, filenames in os.walk(REPO / folder):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            found += [Path(dirpath, f) for f in filenames if f.endswith(SOURCE_SUFFIXES)]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("text", [
+    f"# {_SEED.capitalize()} 001: two rings of four.",
+    f'"{_SEED} 003 rule 1: only 1, 2, 4 or 8"',
+    f"(the {_SEED}s 000 and 002)",
+    f"# {_ISSUE.capitalize()} 6: capacity defaults to the number available",
+    f"speed ({_ISSUE} 6)",
+    f"({_NOTES} {_SECTION}1.4)",
+    f"(cpu_binding.md {_SECTION}A.12)",
+    f"# see {_NOTES} for the vectors",
+    f"``../shared/{_NOTES}/cpu_binding.md``",
+])
+def test_citation_pattern_flags_citations(text: str) -> None:
+    assert CITATION.search(text)
+
+
+@pytest.mark.parametrize("text", [
+    "# NPUs on different HCCS rings cannot exchange gradients",
+    f"random {_SEED} 42 for hypothesis",
+    f"derive({_SEED}=0)",
+    f"(public nvtop {_ISSUE} #421)",
+    "kubernetes/kubernetes#135581",
+    f"``../shared/fixtures/ascend910`` and the {_NOTES} on the format",
+])
+def test_citation_pattern_leaves_facts_and_public_sources(text: str) -> None:
+    assert not CITATION.search(text)
+
+
+def test_source_files_state_facts_not_citations() -> None:
+    files = _source_files()
+    assert REPO / "planner" / "hccs.py" in files and REPO / "memtopo" / "runner.py" in files
+    assert REPO / "tests" / "test_suite_hygiene.py" in files  # this file is checked too
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+             for path in files
+             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if CITATION.search(line)]
     assert found == []

@@ -278,7 +278,9 @@ class MemoryPolicy(_message.Message):
     its cpuset mems plus page migration. Set to also migrate already-placed pages.
     """
     apply_on_unified: _builtins.bool
-    """Unified domains (GH200, MI300A) are skipped unless this is set (seed 002)."""
+    """Unified domains (GH200, MI300A) are skipped unless this is set: CPU and GPU share one memory
+    pool there, so a NUMA policy matters little unless the user asked for one.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
