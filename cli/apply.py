@@ -174,12 +174,18 @@ def cmd_apply(args: argparse.Namespace) -> int:
     _emit(result, args.format, plan)
     rolled_back = planpb.PlanResult.STATE_ROLLED_BACK
     if before is not None and before.state == rolled_back and result.state == rolled_back:
-        # A plan id is an idempotency key (a controller resends a plan after a reconnect): once
-        # rolled back it stays so. Binding again is a new plan, under a new id.
-        fail(f"plan {plan.plan_id} was rolled back earlier; a plan id applies once, so nothing was "
-             "applied now. To bind again, apply it under a new plan_id (memtopo plan ... --plan-id NEW, "
-             'or edit "plan_id")')
+        fail(spent_plan_hint(plan.plan_id))
     return EXIT_OK if result.state in ok_states() else EXIT_NOT_APPLIED
+
+
+def spent_plan_hint(plan_id: str) -> str:
+    """What to say when a plan id that was rolled back is applied again, locally or through an agent.
+
+    A plan id is an idempotency key (a controller resends a plan after a reconnect): once rolled
+    back it stays so, and the resend answers with the stored result. Binding again is a new plan."""
+    return (f"plan {plan_id} was rolled back earlier; a plan id applies once, so nothing was "
+            "applied now. To bind again, apply it under a new plan_id (memtopo plan ... --plan-id NEW, "
+            'or edit "plan_id")')
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from memtopo.controller.defaults import DEFAULT_HTTP
 if TYPE_CHECKING:
     import grpc
 
+    from memtopo.v1 import plan_pb2 as planpb
     from memtopo.v1.agent_pb2_grpc import NodeAgentAsyncStub
 
 DEFAULT_ADDR = "unix:///run/memtopo/agent.sock"
@@ -163,7 +164,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 async def _query(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from memtopo.cli.apply import ok_states, read_plan
+    from memtopo.cli.apply import ok_states, read_plan, spent_plan_hint
     from memtopo.cli.apply import render as render_result
     from memtopo.cli.output import message_json
     from memtopo.cli.render import render
@@ -201,14 +202,35 @@ async def _query(args: argparse.Namespace) -> int:
             sys.stdout.write(render_result(res) if text else message_json(res) + "\n")
         elif args.what == "apply":
             plan = read_plan(args.arg)
+            before = await _stored_result(stub, plan.plan_id, args) if plan.plan_id and not args.dry_run else None
             res = await stub.ApplyPlan(apb.ApplyPlanRequest(plan=plan, dry_run=args.dry_run,
                                                             expected_generation=args.expected_generation),
                                        timeout=args.timeout)
             sys.stdout.write(render_result(res, plan) if text else message_json(res) + "\n")
+            rolled_back = planpb.PlanResult.STATE_ROLLED_BACK
+            if before is not None and before.state == rolled_back and res.state == rolled_back:
+                fail(spent_plan_hint(plan.plan_id))
             return EXIT_OK if res.state in ok_states() else EXIT_FAILED
         else:
             await _watch(stub, args)
     return EXIT_OK
+
+
+async def _stored_result(stub: NodeAgentAsyncStub, plan_id: str,
+                         args: argparse.Namespace) -> planpb.PlanResult | None:
+    """The agent's result for ``plan_id`` from before this apply, or None when it has none."""
+    import grpc
+
+    from memtopo.v1 import agent_pb2 as apb
+
+    try:
+        stored: planpb.PlanResult = await stub.GetPlanResult(apb.GetPlanResultRequest(plan_id=plan_id),
+                                                             timeout=args.timeout)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+    return stored
 
 
 async def _watch(stub: NodeAgentAsyncStub, args: argparse.Namespace) -> None:

@@ -180,3 +180,37 @@ def test_applying_a_rolled_back_plan_again_says_it_is_spent_and_fails(tmp_path: 
     finally:
         child.kill()
         child.wait()
+
+
+def test_applying_a_rolled_back_plan_again_through_the_agent_says_it_is_spent(tmp_path: Path) -> None:
+    """The same hint as the local apply when the plan goes through a running agent: the agent's
+    resend of a spent plan id answers with the stored rollback, which alone reads like a failure."""
+    child = subprocess.Popen(["sleep", "600"])
+    agent = None
+    try:
+        if len(os.sched_getaffinity(child.pid)) < 2:
+            pytest.skip("one CPU: a placement changes nothing to roll back")
+        state = tmp_path / "state" / "apply"  # the agent's apply state under its state_dir
+        made = memtopo("plan", "place", "--request", "-", "--pid", str(child.pid), "--emit", "plan",
+                       stdin='{"cpus": 1}')
+        plan_id = json.loads(made.stdout)["plan_id"]
+        plan_file = tmp_path / "plan.json"
+        plan_file.write_text(made.stdout)
+        assert memtopo("apply", "--state-dir", str(state), str(plan_file)).returncode == 0
+        assert memtopo("rollback", "--state-dir", str(state), plan_id).returncode == 0
+        restored = os.sched_getaffinity(child.pid)
+        agent = Agent(tmp_path, copy_root(tmp_path), None)
+        agent.start()
+        addr = f"unix://{agent.sock}"
+        again = memtopo("query", "apply", str(plan_file), "--addr", addr)
+        no_traceback(again)
+        assert again.returncode == 1
+        assert "rolled back earlier" in again.stderr and "new plan_id" in again.stderr
+        assert os.sched_getaffinity(child.pid) == restored
+        fresh = memtopo("query", "apply", str(tmp_path / "missing.json"), "--addr", addr)
+        assert fresh.returncode == 2 and "rolled back earlier" not in fresh.stderr
+    finally:
+        if agent is not None:
+            agent.stop()
+        child.kill()
+        child.wait()
