@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from memtopo.text import shorten
+
 # Linux ≥ 4.13; Python's socket module does not name it.
 SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)
 # Python's getsockopt allows at most 1024 bytes (256 groups); NGROUPS_MAX is 65536.
@@ -139,12 +141,12 @@ def resolve_gid(group: str) -> int:
     if group.isascii() and group.isdigit():
         gid = int(group)
         if gid >= _NO_ID:
-            raise TransportError(f"group {group!r} is not a valid gid (0-{_NO_ID - 1})")
+            raise TransportError(f"group {shorten(group)!r} is not a valid gid (0-{_NO_ID - 1})")
         return gid
     try:
         return grp.getgrnam(group).gr_gid
     except (KeyError, ValueError):  # ValueError: an embedded NUL
-        raise TransportError(f"group {group!r} does not exist") from None
+        raise TransportError(f"group {shorten(group)!r} does not exist on this host") from None
 
 
 def tls_identity(cert: Mapping[str, object] | None, addr: object) -> TlsPeer:
