@@ -143,7 +143,7 @@ class Front:
     def listen_direct(self, server: grpc.aio.Server, path: str, mode: int, group: str | None) -> None:
         """A Unix socket that grpc serves itself, without the relay: for clients that only read
         (GetTopology, WatchTopology, health), at grpc's own speed. grpc reports its peers as plain
-        ``unix:``, which is not in the front's table, so :func:`authorize_apply` refuses ApplyPlan
+        ``unix:``, which is not in the front's table, so :func:`peers.authorize_apply` refuses ApplyPlan
         there (fails closed). Call before ``server.start()``: grpc binds it in the private directory
         and :meth:`start` gives it ``mode`` and ``group``, then renames it to ``path``, so the public
         name never exists with the umask's mode (and grpc, which unlinks whatever is at a Unix path
