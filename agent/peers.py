@@ -146,7 +146,7 @@ def resolve_gid(group: str) -> int:
     try:
         return grp.getgrnam(group).gr_gid
     except (KeyError, ValueError):  # ValueError: an embedded NUL
-        raise TransportError(f"group {shorten(group)!r} does not exist on this host") from None
+        raise TransportError(f"group {group!r} does not exist on this host") from None
 
 
 def tls_identity(cert: Mapping[str, object] | None, addr: object) -> TlsPeer:

@@ -418,6 +418,27 @@ def test_stop_removes_the_socket_and_closes_connections(sockdir: str) -> None:
     on_loop(transport.prepare_local, path, 0o660, None).discard()
 
 
+def test_a_released_socket_file_leaves_a_successors_socket_in_place(sockdir: str) -> None:
+    """Both public sockets (relayed and direct) are released this way: only the file this agent made
+    goes, and the lock is given up so the successor can claim the path."""
+    path = os.path.join(sockdir, "agent.sock")
+    ours = sockets.SocketFile(path, 0o600, None)
+    listener = ours.bind()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    listener.close()
+    # Moved aside, not unlinked: a freed inode number may be reused by the successor's file.
+    os.rename(path, path + ".old")
+    successor = socket.socket(socket.AF_UNIX)
+    try:
+        successor.bind(path)
+        theirs = os.stat(path).st_ino
+        ours.release()
+        assert os.stat(path).st_ino == theirs
+        os.close(sockets.take_lock(path + ".lock"))  # free again
+    finally:
+        successor.close()
+
+
 def test_unidentified_local_peer_cannot_apply(sockdir: str) -> None:
     # Root connecting to the private socket directly bypasses the front: it reads, never applies.
     path = os.path.join(sockdir, "agent.sock")
@@ -1064,6 +1085,50 @@ def test_unknown_peers_are_always_refused_with_a_reason(peer: str, auth: Mapping
     assert (reason is None) == tcp_mtls  # only grpc's own verified mTLS passes without the front
     assert reason is None or reason.strip()
     assert peers.peer_cred(ctx) is None and peers.tls_peer(ctx) is None
+
+
+_UIDS = st.sampled_from([None, 0, 1000, 1001, 1002])  # None: a TLS peer
+
+
+@settings(max_examples=300, deadline=None)
+@given(max_connections=st.integers(1, 6), per_user=st.one_of(st.none(), st.integers(1, 4)),
+       reserved=st.integers(0, 5),
+       ops=st.lists(st.one_of(st.tuples(st.just("admit"), _UIDS, st.booleans()),
+                              st.tuples(st.just("release"), st.integers(0, 20), st.just(False))), max_size=40))
+def test_admission_keeps_every_cap_and_never_refuses_root(max_connections: int, per_user: int | None,
+                                                          reserved: int, ops: list[tuple[str, Any, bool]]) -> None:
+    limits = peers.ConnectionLimits(max_connections=max_connections, per_user=per_user,
+                                    reserved=min(reserved, max_connections - 1))
+    admission = peers.Admission(limits)
+    open_: list[tuple[int | None, bool]] = []
+    for op, arg, privileged in ops:
+        if op == "release":
+            if open_:
+                uid, priv = open_.pop(arg % len(open_))
+                admission.release(uid, priv)
+            continue
+        uid, privileged = arg, privileged or arg == 0
+        before = len(open_)
+        refused = admission.admit(uid, privileged)
+        if uid == 0:
+            assert refused == ""
+        elif refused == "":
+            # Room in all, for this user, and (unprivileged) outside the reserved share.
+            assert before < limits.max_connections
+            assert per_user is None or uid is None or sum(c[0] == uid for c in open_) < per_user
+            assert privileged or sum(not c[1] for c in open_) < limits.max_connections - limits.reserved
+        else:
+            assert refused in ("max_connections", "per_user", "reserved")
+            if privileged and before < limits.max_connections and (
+                    per_user is None or uid is None or sum(c[0] == uid for c in open_) < per_user):
+                raise AssertionError(f"a privileged peer was refused ({refused}) with a slot free")
+        if refused == "":
+            open_.append((uid, privileged))
+        assert sum(c[0] != 0 for c in open_) <= limits.max_connections
+    for uid, priv in open_:
+        admission.release(uid, priv)
+    # Everything released: a fresh unprivileged peer fits again unless nothing is left outside the reserve.
+    assert admission.admit(1000, False) == ("" if limits.max_connections - limits.reserved > 0 else "reserved")
 
 
 @settings(max_examples=300)
