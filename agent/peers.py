@@ -1,6 +1,6 @@
 """Who is calling the agent, and whether they may change the host or open one more connection.
 
-The front (agent/transport.py) records each relayed connection's peer under the abstract socket
+The front's relay (agent/relay.py) records each relayed connection's peer under the abstract socket
 name it binds upstream; grpc reports that name as ``context.peer()``, so servicers look the caller
 up here. The name is only a key into the table, never parsed: nothing a client sends can claim an
 identity, and a peer missing from the table is refused wherever an identity is needed.
