@@ -11,7 +11,6 @@ default (a test keeps both in step with this module).
 from __future__ import annotations
 
 import difflib
-import grp
 import math
 import os
 import re
@@ -29,6 +28,8 @@ from memtopo.apply import cgroups
 from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
 from memtopo.k8s.defaults import DEFAULT_POD_RESOURCES_SOCKET
 from memtopo.text import shorten
+
+from .peers import TransportError, resolve_gid
 
 DEFAULT_CONFIG_PATH = Path("/etc/memtopo/agent.toml")
 # sysexits.h EX_CONFIG; the unit's RestartPreventExitStatus= names it.
@@ -575,12 +576,11 @@ def check_host(cfg: AgentConfig) -> None:
     that cannot work stops the agent with its key (exit 78) instead of a traceback later: the
     socket group exists, and the state directory can be created and written."""
     group = cfg.listen.socket_group
-    if group and not group.isdigit():
+    if group:
         try:
-            grp.getgrnam(group)
-        except KeyError:
-            raise ConfigError("listen.socket_group", f"group {shorten(group)!r} does not exist on this host",
-                              cfg.source) from None
+            resolve_gid(group)
+        except TransportError as exc:
+            raise ConfigError("listen.socket_group", str(exc), cfg.source) from None
     try:
         os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=cfg.state_dir, prefix=".memtopo-probe-")  # noqa: SIM115

@@ -34,7 +34,7 @@ from memtopo.discovery.source import ProbeContext
 from memtopo.grpcserve import grpc_server
 from memtopo.v1 import topology_pb2 as pb
 
-from . import transport
+from . import peers, transport
 from .config import AgentConfig, ConfigError
 from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
 from .link import Backoff, ControllerLink, LinkState
@@ -42,6 +42,7 @@ from .logs import Throttle, get_logger
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
+from .sockets import SocketInUseError
 from .state import TopologyState
 
 log = get_logger(component="agent")
@@ -318,7 +319,7 @@ class Agent:
     async def _start_grpc(self, plans: PlanRunner) -> tuple[grpc.aio.Server, transport.Front]:
         cfg = self.config.listen
         service = NodeAgentService(self.state, plans,
-                                   lambda ctx: transport.authorize_apply(ctx, cfg.socket_group or None),
+                                   lambda ctx: peers.authorize_apply(ctx, cfg.socket_group or None),
                                    max_watchers=cfg.max_watchers, stall_seconds=cfg.watch_stall_seconds,
                                    events=self._service_event)
         options: list[tuple[str, Any]] = [
@@ -341,9 +342,9 @@ class Agent:
         # among them) must never be refused because of them.
         self.read_server = (make_server([("grpc.max_allowed_incoming_connections", cfg.max_connections)])
                             if cfg.read_socket else None)
-        limits = transport.ConnectionLimits(max_connections=cfg.max_connections,
-                                            per_user=cfg.max_connections_per_user,
-                                            reserved=cfg.reserved_connections, idle_seconds=cfg.idle_seconds)
+        limits = peers.ConnectionLimits(max_connections=cfg.max_connections,
+                                        per_user=cfg.max_connections_per_user,
+                                        reserved=cfg.reserved_connections, idle_seconds=cfg.idle_seconds)
         with self._config_key("listen.socket"):
             front = (transport.prepare_local(server, cfg.socket, cfg.socket_mode, cfg.socket_group or None,
                                              limits=limits, observer=self._connection_event)
@@ -378,9 +379,9 @@ class Agent:
         restart loop. A live agent on the socket is not (SocketInUseError goes through)."""
         try:
             yield
-        except transport.SocketInUseError:
+        except SocketInUseError:
             raise
-        except (transport.TransportError, HealthListenError) as exc:
+        except (peers.TransportError, HealthListenError) as exc:
             raise ConfigError(key, str(exc), self.config.source) from None
 
     def _connection_event(self, what: str, limit: str) -> None:
@@ -399,7 +400,7 @@ class Agent:
             self.metrics.watchers_refused.inc()
         elif what == "watch_stalled":
             self.metrics.watchers_stalled.inc()
-        peer = transport.peer_label(context)
+        peer = peers.peer_label(context)
         held_back = self._throttle.allow(f"{what}:{peer}")
         if held_back is not None:
             log.warning(f"grpc_{what}", method=method, peer=peer, held_back=held_back,

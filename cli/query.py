@@ -68,7 +68,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from memtopo.agent.config import EXIT_CONFIG, ConfigError, check_host, load_config
     from memtopo.agent.daemon import Agent
     from memtopo.agent.logs import configure_logging
-    from memtopo.agent.transport import SocketInUseError, TransportError, ensure_socket_free
+    from memtopo.agent.peers import TransportError
+    from memtopo.agent.sockets import SocketInUseError, ensure_socket_free
 
     try:
         config = load_config(Path(args.config) if args.config else None)
@@ -132,13 +133,13 @@ class EmbeddedController:
 def channel(args: argparse.Namespace) -> grpc.aio.Channel:
     import grpc
 
-    from memtopo.agent.transport import channel_credentials
+    from memtopo import tls
 
     addr: str = args.addr
     if addr.startswith("unix:"):
         return grpc.aio.insecure_channel(addr)
 
-    return grpc.aio.secure_channel(addr, channel_credentials(args.tls_ca, args.tls_cert, args.tls_key))
+    return grpc.aio.secure_channel(addr, tls.channel_credentials(args.tls_ca, args.tls_cert, args.tls_key))
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -146,15 +147,15 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from memtopo.agent.transport import TransportError
     from memtopo.apply.errors import ApplyError
+    from memtopo.tls import TlsError
 
     try:
         return asyncio.run(_query(args))
     except grpc.aio.AioRpcError as exc:
         fail(f"{args.what}: {exc.code().name}: {exc.details()}")
         return EXIT_FAILED
-    except (ApplyError, TransportError) as exc:
+    except (ApplyError, TlsError) as exc:
         fail(exc)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -369,6 +369,16 @@ def test_check_host_names_the_key(tmp_path: Path) -> None:
     assert (tmp_path / "state").is_dir() and not list((tmp_path / "state").iterdir())
 
 
+def test_check_host_refuses_a_numeric_group_that_is_no_gid(tmp_path: Path) -> None:
+    """A number too large for gid_t stops the agent at the check, under the key that named it, not
+    later when the socket is bound."""
+    cfg = parse_config(f'state_dir = "{tmp_path / "state"}"\n[listen]\nsocket_group = "{2**32 - 1}"', "t")
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_host(cfg)
+    assert info.value.key == "listen.socket_group" and "not a valid gid" in info.value.reason
+    cfgmod.check_host(parse_config(f'state_dir = "{tmp_path / "state"}"\n[listen]\nsocket_group = "{2**32 - 2}"', "t"))
+
+
 def test_load_config_checks_tls_files_are_readable(tmp_path: Path) -> None:
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("cert")

@@ -1,4 +1,5 @@
-"""agent.transport: the credential-checking front in front of a real grpc.aio server.
+"""agent.transport and what it puts together (agent.peers, agent.relay, agent.sockets): the
+credential-checking front in front of a real grpc.aio server.
 
 The suite runs as root, so "another user" is a real process: a child interpreter that imports grpc
 as root, then calls setgroups/setgid/setuid(65534) before it connects, so SO_PEERCRED and
@@ -36,7 +37,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memtopo.agent import transport
+from memtopo.agent import peers, relay, sockets, transport
 
 SERVICE = "memtopo.test.Probe"
 NOBODY = 65534
@@ -66,13 +67,13 @@ class Probe:
         return PAYLOAD
 
     async def apply(self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
-        reason = transport.authorize_apply(context, self.allowed_group)
+        reason = peers.authorize_apply(context, self.allowed_group)
         if reason is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
         return b"applied"
 
     async def whoami(self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
-        cred, tls = transport.peer_cred(context), transport.tls_peer(context)
+        cred, tls = peers.peer_cred(context), peers.tls_peer(context)
         return json.dumps({
             "peer": context.peer(),
             "cred": None if cred is None else {"pid": cred.pid, "uid": cred.uid, "gid": cred.gid,
@@ -105,9 +106,9 @@ class Running:
 @contextlib.asynccontextmanager
 async def serving(sock_path: str | None, *, mode: int = 0o660, group: str | None = None,
                   allowed_group: str | None = None, tcp: Any = None, native: Mapping[str, Any] | None = None,
-                  max_connections: int = transport.DEFAULT_MAX_CONNECTIONS,
-                  limits: transport.ConnectionLimits | None = None,
-                  observer: transport.ConnectionObserver | None = None) -> AsyncIterator[Running]:
+                  max_connections: int = peers.DEFAULT_MAX_CONNECTIONS,
+                  limits: peers.ConnectionLimits | None = None,
+                  observer: relay.ConnectionObserver | None = None) -> AsyncIterator[Running]:
     probe = Probe(allowed_group)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((probe.handler(),))
@@ -359,7 +360,7 @@ def test_live_agent_on_the_socket_is_refused(sockdir: str) -> None:
     async def main() -> None:
         async with serving(path), grpc.aio.insecure_channel(f"unix:{path}") as ch:
             server = grpc.aio.server()
-            with pytest.raises(transport.SocketInUseError, match="lock"):
+            with pytest.raises(sockets.SocketInUseError, match="lock"):
                 transport.prepare_local(server, path, 0o660, None)
             # The refused attempt left the live agent's socket alone.
             assert await ok(ch, "Read") == PAYLOAD
@@ -373,7 +374,7 @@ def test_foreign_listener_is_refused_and_kept(sockdir: str) -> None:
     other.bind(path)
     other.listen()
     try:
-        with pytest.raises(transport.SocketInUseError, match="listening"):
+        with pytest.raises(sockets.SocketInUseError, match="listening"):
             on_loop(transport.prepare_local, path, 0o660, None)
         assert stat.S_ISSOCK(os.lstat(path).st_mode)
     finally:
@@ -384,37 +385,58 @@ def test_foreign_listener_is_refused_and_kept(sockdir: str) -> None:
 def test_non_socket_file_is_not_removed(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
     Path(path).write_text("precious")
-    with pytest.raises(transport.TransportError, match="not a socket"):
+    with pytest.raises(peers.TransportError, match="not a socket"):
         on_loop(transport.prepare_local, path, 0o660, None)
     assert Path(path).read_text() == "precious"
 
 
 def test_unknown_group_and_bad_mode_are_typed_errors(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
-    with pytest.raises(transport.TransportError, match="does not exist"):
+    with pytest.raises(peers.TransportError, match="does not exist"):
         on_loop(transport.prepare_local, path, 0o660, "no-such-group-memtopo")
-    with pytest.raises(transport.TransportError, match="permission mode"):
+    with pytest.raises(peers.TransportError, match="permission mode"):
         on_loop(transport.prepare_local, path, 0o4755, None)
     assert not os.path.exists(path)
 
 
 def test_stop_removes_the_socket_and_closes_connections(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
-    before = len(transport._PEERS)
+    before = len(peers._PEERS)
 
     async def main() -> str:
         async with serving(path) as running, grpc.aio.insecure_channel(f"unix:{path}") as ch:
             assert await ok(ch, "Read") == PAYLOAD
             assert running.front.connections == 1
-            assert len(transport._PEERS) == before + 1
+            assert len(peers._PEERS) == before + 1
             private = os.path.dirname(running.front.upstream_path)
         return private
 
     private = asyncio.run(main())
     assert not os.path.exists(path) and not os.path.exists(private)
-    assert len(transport._PEERS) == before
+    assert len(peers._PEERS) == before
     # The lock is released: a successor starts on the same path.
     on_loop(transport.prepare_local, path, 0o660, None).discard()
+
+
+def test_a_released_socket_file_leaves_a_successors_socket_in_place(sockdir: str) -> None:
+    """Both public sockets (relayed and direct) are released this way: only the file this agent made
+    goes, and the lock is given up so the successor can claim the path."""
+    path = os.path.join(sockdir, "agent.sock")
+    ours = sockets.SocketFile(path, 0o600, None)
+    listener = ours.bind()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    listener.close()
+    # Moved aside, not unlinked: a freed inode number may be reused by the successor's file.
+    os.rename(path, path + ".old")
+    successor = socket.socket(socket.AF_UNIX)
+    try:
+        successor.bind(path)
+        theirs = os.stat(path).st_ino
+        ours.release()
+        assert os.stat(path).st_ino == theirs
+        os.close(sockets.take_lock(path + ".lock"))  # free again
+    finally:
+        successor.close()
 
 
 def test_unidentified_local_peer_cannot_apply(sockdir: str) -> None:
@@ -507,7 +529,7 @@ def test_direct_socket_of_a_live_agent_is_kept_and_a_stale_one_replaced(sockdir:
             server = grpc.aio.server()
             front = transport.prepare_local(server, other_path, 0o660, None)
             try:
-                with pytest.raises(transport.SocketInUseError, match="lock"):
+                with pytest.raises(sockets.SocketInUseError, match="lock"):
                     front.listen_direct(server, direct, 0o660, None)
             finally:
                 front.discard()
@@ -523,9 +545,9 @@ def test_direct_socket_bad_mode_and_group_are_typed_errors(sockdir: str) -> None
         server = grpc.aio.server()
         front = transport.prepare_local(server, path, 0o660, None)
         try:
-            with pytest.raises(transport.TransportError, match="permission mode"):
+            with pytest.raises(peers.TransportError, match="permission mode"):
                 front.listen_direct(server, direct, 0o4755, None)
-            with pytest.raises(transport.TransportError, match="does not exist"):
+            with pytest.raises(peers.TransportError, match="does not exist"):
                 front.listen_direct(server, direct, 0o660, "no-such-group-memtopo")
         finally:
             front.discard()
@@ -608,8 +630,8 @@ def test_relay_is_byte_exact_under_backpressure_both_ways(sockdir: str) -> None:
             await _settle(lambda: front.connections == 1 and bool(upstream_peer))
             # The upstream saw the front's abstract name, which maps to this process's credentials.
             assert upstream_peer and upstream_peer[0].startswith("\0memtopo.")
-            cred = transport._PEERS["unix-abstract:" + upstream_peer[0][1:]]
-            assert isinstance(cred, transport.PeerCred) and cred.pid == os.getpid()
+            cred = peers._PEERS["unix-abstract:" + upstream_peer[0][1:]]
+            assert isinstance(cred, peers.PeerCred) and cred.pid == os.getpid()
 
             async def upload() -> None:
                 writer.write(uploaded)
@@ -711,7 +733,7 @@ def settles_at(observe: Callable[[], Any], want: Any, timeout: float = 30.0) -> 
 
 def test_connection_limit(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
-    limits = transport.ConnectionLimits(max_connections=1)
+    limits = peers.ConnectionLimits(max_connections=1)
 
     async def main() -> None:
         async with serving(path, mode=0o666, limits=limits) as running:
@@ -737,7 +759,7 @@ def test_no_user_can_lock_root_or_the_socket_group_out(sockdir: str) -> None:
     unprivileged user, leave the socket group its reserved slots and root its calls."""
     path = os.path.join(sockdir, "agent.sock")
     group, gid = _other_group()
-    limits = transport.ConnectionLimits(max_connections=12, per_user=4, reserved=6)
+    limits = peers.ConnectionLimits(max_connections=12, per_user=4, reserved=6)
 
     async def main() -> None:
         async with serving(path, mode=0o666, group=group, allowed_group=group, limits=limits) as running:
@@ -769,7 +791,7 @@ def test_no_user_can_lock_root_or_the_socket_group_out(sockdir: str) -> None:
 def test_idle_connections_are_closed(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
     seen: list[tuple[str, str]] = []
-    limits = transport.ConnectionLimits(idle_seconds=1.0)
+    limits = peers.ConnectionLimits(idle_seconds=1.0)
 
     async def main() -> None:
         async with serving(path, mode=0o666, limits=limits, observer=lambda e, r: seen.append((e, r))) as running:
@@ -789,7 +811,7 @@ def test_idle_connections_are_closed(sockdir: str) -> None:
 
 def test_garbage_client_is_dropped_without_leaks(sockdir: str) -> None:
     path = os.path.join(sockdir, "agent.sock")
-    before = len(transport._PEERS)
+    before = len(peers._PEERS)
 
     async def main() -> None:
         async with serving(path) as running:
@@ -807,7 +829,7 @@ def test_garbage_client_is_dropped_without_leaks(sockdir: str) -> None:
                         pass
                 s.close()
             await _settle(lambda: running.front.connections == 0)
-            assert len(transport._PEERS) == before
+            assert len(peers._PEERS) == before
             async with grpc.aio.insecure_channel(f"unix:{path}") as ch:
                 assert await ok(ch, "Read") == PAYLOAD
 
@@ -844,7 +866,7 @@ def test_a_dead_relay_thread_is_reported(sockdir: str, monkeypatch: pytest.Monke
     async def main() -> None:
         async with serving(path) as running:
             assert running.front.alive
-            monkeypatch.setattr(transport._Pump, "_service", broken)
+            monkeypatch.setattr(relay.Pump, "_service", broken)
             async with grpc.aio.insecure_channel(f"unix:{path}") as ch:
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await rpc(ch, "Read")(b"", timeout=2)
@@ -864,7 +886,7 @@ async def _settle(done: Any, timeout: float = 60.0) -> None:
 def test_socket_peer_cred_of_a_socketpair() -> None:
     a, b = socket.socketpair()
     with a, b:
-        cred = transport.socket_peer_cred(a)
+        cred = peers.socket_peer_cred(a)
     assert (cred.pid, cred.uid, cred.gid) == (os.getpid(), os.getuid(), os.getgid())
     assert set(cred.groups) == set(os.getgroups())
 
@@ -1015,15 +1037,15 @@ def test_tls_front_refuses_plaintext_clients(pki: Pki) -> None:
 
 def test_credential_files_errors_are_typed(pki: Pki, tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.pem")
-    with pytest.raises(transport.TransportError, match=r"missing\.pem"):
+    with pytest.raises(peers.TransportError, match=r"missing\.pem"):
         transport.server_tls_context(missing, pki.server_key, None)
-    with pytest.raises(transport.TransportError, match="client CA"):
+    with pytest.raises(peers.TransportError, match="client CA"):
         transport.server_tls_context(pki.server_cert, pki.server_key, missing)
-    with pytest.raises(transport.TransportError):
+    with pytest.raises(peers.TransportError):
         transport.server_tls_context(pki.server_cert, pki.client_key, None)  # key of another certificate
-    with pytest.raises(transport.TransportError, match="go together"):
+    with pytest.raises(peers.TransportError, match="go together"):
         transport.channel_credentials(pki.ca, pki.client_cert, None)
-    with pytest.raises(transport.TransportError, match=r"missing\.pem"):
+    with pytest.raises(peers.TransportError, match=r"missing\.pem"):
         transport.channel_credentials(missing, None, None)
     assert isinstance(transport.channel_credentials(None, pki.client_cert, pki.client_key), grpc.ChannelCredentials)
 
@@ -1057,18 +1079,62 @@ _auth = st.dictionaries(st.sampled_from(["transport_security_type", "x509_common
 def test_unknown_peers_are_always_refused_with_a_reason(peer: str, auth: Mapping[str, list[bytes]],
                                                          identities: list[bytes] | None, group: str | None) -> None:
     ctx = FakeContext(peer, auth, identities)
-    reason = transport.authorize_apply(ctx, group)
+    reason = peers.authorize_apply(ctx, group)
     tcp_mtls = (peer.startswith(("ipv4:", "ipv6:")) and b"ssl" in auth.get("transport_security_type", [])
                 and bool(identities))
     assert (reason is None) == tcp_mtls  # only grpc's own verified mTLS passes without the front
     assert reason is None or reason.strip()
-    assert transport.peer_cred(ctx) is None and transport.tls_peer(ctx) is None
+    assert peers.peer_cred(ctx) is None and peers.tls_peer(ctx) is None
+
+
+_UIDS = st.sampled_from([None, 0, 1000, 1001, 1002])  # None: a TLS peer
+
+
+@settings(max_examples=300, deadline=None)
+@given(max_connections=st.integers(1, 6), per_user=st.one_of(st.none(), st.integers(1, 4)),
+       reserved=st.integers(0, 5),
+       ops=st.lists(st.one_of(st.tuples(st.just("admit"), _UIDS, st.booleans()),
+                              st.tuples(st.just("release"), st.integers(0, 20), st.just(False))), max_size=40))
+def test_admission_keeps_every_cap_and_never_refuses_root(max_connections: int, per_user: int | None,
+                                                          reserved: int, ops: list[tuple[str, Any, bool]]) -> None:
+    limits = peers.ConnectionLimits(max_connections=max_connections, per_user=per_user,
+                                    reserved=min(reserved, max_connections - 1))
+    admission = peers.Admission(limits)
+    open_: list[tuple[int | None, bool]] = []
+    for op, arg, privileged in ops:
+        if op == "release":
+            if open_:
+                uid, priv = open_.pop(arg % len(open_))
+                admission.release(uid, priv)
+            continue
+        uid, privileged = arg, privileged or arg == 0
+        before = len(open_)
+        refused = admission.admit(uid, privileged)
+        if uid == 0:
+            assert refused == ""
+        elif refused == "":
+            # Room in all, for this user, and (unprivileged) outside the reserved share.
+            assert before < limits.max_connections
+            assert per_user is None or uid is None or sum(c[0] == uid for c in open_) < per_user
+            assert privileged or sum(not c[1] for c in open_) < limits.max_connections - limits.reserved
+        else:
+            assert refused in ("max_connections", "per_user", "reserved")
+            if privileged and before < limits.max_connections and (
+                    per_user is None or uid is None or sum(c[0] == uid for c in open_) < per_user):
+                raise AssertionError(f"a privileged peer was refused ({refused}) with a slot free")
+        if refused == "":
+            open_.append((uid, privileged))
+        assert sum(c[0] != 0 for c in open_) <= limits.max_connections
+    for uid, priv in open_:
+        admission.release(uid, priv)
+    # Everything released: a fresh unprivileged peer fits again unless nothing is left outside the reserve.
+    assert admission.admit(1000, False) == ("" if limits.max_connections - limits.reserved > 0 else "reserved")
 
 
 @settings(max_examples=300)
 @given(raw=st.binary(max_size=64))
 def test_parse_groups_takes_any_bytes(raw: bytes) -> None:
-    groups = transport.parse_groups(raw)
+    groups = peers.parse_groups(raw)
     assert len(groups) == len(raw) // 4
     assert groups == struct.unpack(f"={len(raw) // 4}I", raw[:len(raw) // 4 * 4])
 
@@ -1077,8 +1143,8 @@ def test_parse_groups_takes_any_bytes(raw: bytes) -> None:
 @given(name=st.one_of(st.text(max_size=16), st.integers(min_value=0, max_value=2**40).map(str)))
 def test_resolve_gid_answers_or_raises_typed(name: str) -> None:
     try:
-        gid = transport.resolve_gid(name)
-    except transport.TransportError as exc:
+        gid = peers.resolve_gid(name)
+    except peers.TransportError as exc:
         assert repr(name) in str(exc)
     else:
         assert 0 <= gid < 2**32 - 1  # fits gid_t and is not chown's "no change"
@@ -1094,7 +1160,7 @@ def test_listen_tcp_garbage_addresses_are_typed_errors(pki: Pki) -> None:
         def check(address: str) -> None:
             try:
                 port = front.listen_tcp(address, tls)
-            except transport.TransportError as exc:
+            except peers.TransportError as exc:
                 assert str(exc)
             else:
                 assert 0 < port < 65536

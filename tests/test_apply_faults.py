@@ -422,8 +422,8 @@ def test_one_corrupt_result_does_not_hide_the_other_plans(m: FakeMachine) -> Non
 # ---- the running agent is not a target of `memtopo apply` -----------------------------------------
 HOLDER = r"""
 import sys, time
-from memtopo.agent.transport import _lock
-fd = _lock(sys.argv[1] + ".lock")   # what the agent's socket front does to claim its path
+from memtopo.agent.sockets import take_lock
+fd = take_lock(sys.argv[1] + ".lock")   # what the agent's socket front does to claim its path
 print("locked", flush=True)
 sys.stdin.readline()
 """
@@ -439,7 +439,7 @@ def test_proc_locks_parser_takes_holders_not_waiters() -> None:
 
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks")
 def test_cli_apply_refuses_the_process_holding_the_agent_socket_lock(tmp_path: Path) -> None:
-    """A stand-in agent: a process that claims a socket path with agent.transport's own lock (the
+    """A stand-in agent: a process that claims a socket path with agent.sockets' own lock (the
     same file, the same flock), so the CLI must find it the way it finds the real agent."""
     sock = tmp_path / "run" / "agent.sock"
     sock.parent.mkdir()

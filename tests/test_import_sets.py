@@ -75,3 +75,12 @@ def test_apply_loads_no_grpc() -> None:
     modules = loaded_by("apply", "/nonexistent/plan.json")
     assert "memtopo.cli.apply" in modules
     assert not loaded(modules, "grpc") and not loaded(modules, "memtopo.agent")
+
+
+def test_query_over_tls_is_a_client_without_the_agent(tmp_path: Path) -> None:
+    # A CA file that does not exist: the command stops while making its TLS credentials, the
+    # point where it would reach for the agent's transport if it still dialed through it.
+    modules = loaded_by("query", "topology", "--addr", "127.0.0.1:1", "--tls-ca", str(tmp_path / "none.pem"))
+    assert "memtopo.tls" in modules and "grpc" in modules
+    for prefix in ("memtopo.agent", "memtopo.controller.server"):
+        assert not loaded(modules, prefix), prefix
