@@ -267,7 +267,7 @@ class Engine:
                 return light
         topo = self.topology()
         seen = self._facts_of
-        if seen is not None and seen[0] is topo:
+        if seen is not None and seen[0] is topo and seen[1].fingerprint == topo.fingerprint:
             return seen[1]
         facts = TopologyFacts.of(topo)
         self._facts_of = (topo, facts)

@@ -137,3 +137,23 @@ def test_light_facts_reject_what_discovery_rejects(tmp_path: Path) -> None:
     with_topo = m.engine().apply(bad)
     assert with_light.state == P.STATE_REJECTED
     assert list(with_light.rejections) == list(with_topo.rejections)
+
+
+def test_the_engine_keeps_a_topologys_facts_only_while_it_is_the_same_topology(tmp_path: Path) -> None:
+    """The facts are built once per topology the provider hands out: a new topology (the agent's
+    next generation) is validated against its own facts, never the last one's."""
+    m = machine(tmp_path)
+    from memtopo.v1 import topology_pb2 as pb
+
+    second = pb.MemoryTopology()
+    second.CopyFrom(m.topo)
+    second.fingerprint = "e" * 64
+    del second.cpus.online[:]
+    second.cpus.online.extend([0, 1])  # CPU 2 went offline
+    topos = [m.topo, m.topo, second]
+    engine = m.engine()
+    engine.topology = lambda: topos.pop(0)
+    assert engine.apply(plan("a", threads("t", 100, [2], all=True))).state == P.STATE_APPLIED
+    assert engine.apply(plan("b", threads("t", 100, [1, 2], all=True))).state == P.STATE_APPLIED
+    res = engine.apply(plan("c", threads("t", 100, [2, 3], all=True)))
+    assert res.state == P.STATE_REJECTED and "not online" in res.rejections[0]
