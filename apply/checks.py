@@ -46,6 +46,8 @@ class TopologyFacts:
     allowed_mems: frozenset[int]
     unified_nodes: frozenset[int]
     fingerprint: str
+    # Not a check: the result says which node applied the plan.
+    node_name: str = ""
 
     @classmethod
     def of(cls, topo: pb.MemoryTopology) -> TopologyFacts:
@@ -57,7 +59,7 @@ class TopologyFacts:
         allowed_mems = frozenset(topo.allowed_memory_nodes) & memory if topo.allowed_memory_nodes else memory
         unified = frozenset(n for d in topo.domains if d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED for n in d.numa_nodes)
         return cls(online, allowed or online, frozenset(n.id for n in topo.numa_nodes), online_nodes, memory,
-                   allowed_mems or memory, unified, topo.fingerprint)
+                   allowed_mems or memory, unified, topo.fingerprint, topo.node_name)
 
 
 def fmt_ids(ids: Iterable[int], limit: int = 8) -> str:

@@ -40,6 +40,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from memtopo.apply import cgroups, irqbalance
 from memtopo.apply.actions import ActionError, ActionSkipError, Overlay, Prepared, RunContext, Step, make_step
 from memtopo.apply.cgroups import Hierarchy
+from memtopo.apply.checks import TopologyFacts
 from memtopo.apply.config import ApplyConfig
 from memtopo.apply.errors import PlanNotFoundError, StateError, UnreadableJournalError
 from memtopo.apply.host import Host
@@ -54,6 +55,9 @@ S = planpb.ActionResult
 P = planpb.PlanResult
 
 TopologyProvider = Callable[[], pb.MemoryTopology]
+# The facts a plan is validated against, read without a topology (apply/hostfacts.py), or None for
+# the topology provider's.
+FactsProvider = Callable[[planpb.BindingPlan], TopologyFacts | None]
 # Called with ("before_action" | "after_action", action): tests pause or kill the run here.
 Hook = Callable[[str, planpb.PlanAction], None]
 
@@ -78,15 +82,14 @@ def _result(aid: str, status: int, reason: str = "", before: Sequence[str] = (),
 
 
 def _plan_result(plan: planpb.BindingPlan, state: int, message: str, started: Timestamp,
-                 topo: pb.MemoryTopology | None, actions: Sequence[planpb.ActionResult | None] = (),
+                 node_name: str, actions: Sequence[planpb.ActionResult | None] = (),
                  rejections: Sequence[str] = ()) -> planpb.PlanResult:
     res = planpb.PlanResult(plan_id=plan.plan_id, state=state, message=message)  # type: ignore[arg-type]
     res.actions.extend(a for a in actions if a is not None)
     res.rejections.extend(rejections)
     res.started.CopyFrom(started)
     res.finished.CopyFrom(_now())
-    if topo is not None:
-        res.node_name = topo.node_name
+    res.node_name = node_name
     return res
 
 
@@ -123,9 +126,14 @@ def settle(r: planpb.ActionResult, outcomes: Sequence[Outcome], restored: str,
 
 class Engine:
     def __init__(self, host: Host, topology_provider: TopologyProvider, state_dir: str | Path,
-                 config: ApplyConfig | None = None, hook: Hook | None = None) -> None:
+                 config: ApplyConfig | None = None, hook: Hook | None = None,
+                 facts_provider: FactsProvider | None = None) -> None:
         self.host = host
         self.topology = topology_provider
+        self.facts_provider = facts_provider
+        # The last topology's facts: a provider that holds its topology (the agent) returns the
+        # same object until it discovers again, and its sets need not be built per plan.
+        self._facts_of: tuple[pb.MemoryTopology, TopologyFacts] | None = None
         self.config = config or ApplyConfig()
         self.store = StateStore(state_dir, host.state)
         self.hook = hook
@@ -151,17 +159,17 @@ class Engine:
                     stored = self.store.load_result(plan.plan_id)
                     if stored is not None:
                         if stored.plan_sha256 != sha:
-                            return self._rejected(plan, started, None, [
+                            return self._rejected(plan, started, "", [
                                 f"plan: plan id {plan.plan_id!r} was already used for a different plan"])
                         res = planpb.PlanResult()
                         res.CopyFrom(stored.result)
                         res.message = f"{res.message} [stored result: this plan id was seen before; nothing changed]"
                         return res
-                topo = self.topology()
-                validation = validate(plan, topo, self.host, self.config, self._hierarchy())
+                facts = self._facts(plan)
+                validation = validate(plan, facts, self.host, self.config, self._hierarchy())
                 if not validation.ok:
-                    return self._rejected(plan, started, topo, list(validation.rejections))
-                return self._run(plan, sha, topo, validation, started)
+                    return self._rejected(plan, started, facts.node_name, list(validation.rejections))
+                return self._run(plan, sha, facts.node_name, validation, started)
 
     def rollback(self, plan_id: str) -> planpb.PlanResult:
         with self._lock, self.store.lock(self.config.lock_timeout_s):
@@ -252,11 +260,24 @@ class Engine:
                 self._boot_id = ""
         return self._boot_id
 
-    def _rejected(self, plan: planpb.BindingPlan, started: Timestamp, topo: pb.MemoryTopology | None,
+    def _facts(self, plan: planpb.BindingPlan) -> TopologyFacts:
+        if self.facts_provider is not None:
+            light = self.facts_provider(plan)
+            if light is not None:
+                return light
+        topo = self.topology()
+        seen = self._facts_of
+        if seen is not None and seen[0] is topo and seen[1].fingerprint == topo.fingerprint:
+            return seen[1]
+        facts = TopologyFacts.of(topo)
+        self._facts_of = (topo, facts)
+        return facts
+
+    def _rejected(self, plan: planpb.BindingPlan, started: Timestamp, node_name: str,
                   rejections: list[str]) -> planpb.PlanResult:
         # Not stored: nothing was touched, and a plan refused on this host's state may be valid later.
         return _plan_result(plan, P.STATE_REJECTED, f"{len(rejections)} validation error(s); nothing was touched",
-                            started, topo, rejections=rejections)
+                            started, node_name, rejections=rejections)
 
     def _steps(self, plan: planpb.BindingPlan, validation: Validation, ctx: RunContext,
                results: list[planpb.ActionResult | None]) -> list[Step | None]:
@@ -270,10 +291,10 @@ class Engine:
         return steps
 
     def _dry_run(self, plan: planpb.BindingPlan, started: Timestamp) -> planpb.PlanResult:
-        topo = self.topology()
-        validation = validate(plan, topo, self.host, self.config, self._hierarchy())
+        facts = self._facts(plan)
+        validation = validate(plan, facts, self.host, self.config, self._hierarchy())
         if not validation.ok:
-            return self._rejected(plan, started, topo, list(validation.rejections))
+            return self._rejected(plan, started, facts.node_name, list(validation.rejections))
         ctx = RunContext(self.host, self.config, self._irqbalance)
         results: list[planpb.ActionResult | None] = [None] * len(plan.actions)
         steps = self._steps(plan, validation, ctx, results)
@@ -301,15 +322,15 @@ class Engine:
         stored = self.store.load_result(plan.plan_id) if plan.plan_id else None
         if stored is not None:
             msg += " (this plan id was applied before: apply would return its stored result)"
-        return _plan_result(plan, P.STATE_DRY_RUN, msg, started, topo, results)
+        return _plan_result(plan, P.STATE_DRY_RUN, msg, started, facts.node_name, results)
 
-    def _run(self, plan: planpb.BindingPlan, sha: str, topo: pb.MemoryTopology, validation: Validation,
+    def _run(self, plan: planpb.BindingPlan, sha: str, node_name: str, validation: Validation,
              started: Timestamp) -> planpb.PlanResult:
         ctx = RunContext(self.host, self.config, self._irqbalance)
         n = len(plan.actions)
         results: list[planpb.ActionResult | None] = [None] * n
         steps = self._steps(plan, validation, ctx, results)
-        run = _Run(self.host, self.store, self.hook, self.boot_id(), plan, sha, topo, started, results)
+        run = _Run(self.host, self.store, self.hook, self.boot_id(), plan, sha, node_name, started, results)
         try:
             i = 0
             while i < n:
@@ -469,7 +490,7 @@ class _Run:
     """One apply in progress: the journal, what was started, and the results so far."""
 
     def __init__(self, host: Host, store: StateStore, hook: Hook | None, boot_id: str, plan: planpb.BindingPlan,
-                 sha: str, topo: pb.MemoryTopology, started: Timestamp,
+                 sha: str, node_name: str, started: Timestamp,
                  results: list[planpb.ActionResult | None]) -> None:
         self.host = host
         self.store = store
@@ -477,7 +498,7 @@ class _Run:
         self.boot_id = boot_id
         self.plan = plan
         self.sha = sha
-        self.topo = topo
+        self.node_name = node_name
         self.started_at = started
         self.results = results
         self.journal: JournalWriter | None = None
@@ -676,7 +697,7 @@ class _Run:
         without one would make the run look finished with nothing recorded of it."""
         if self.state_errors:
             msg = f"{msg}; the state directory failed while restoring: {'; '.join(self.state_errors)}"
-        res = _plan_result(self.plan, state, msg, self.started_at, self.topo, self.results)
+        res = _plan_result(self.plan, state, msg, self.started_at, self.node_name, self.results)
         name = P.State.Name(state)  # type: ignore[arg-type]
         try:
             self.store.save_result(self.plan.plan_id, self.sha, res)

@@ -60,9 +60,9 @@ class Validator:
     """The plan-level rules (ids, sizes, fingerprint, rules between actions) around each action
     kind's own check (apply/actions/<kind>.py), all reporting into one CheckContext."""
 
-    def __init__(self, host: Host, topo: pb.MemoryTopology, config: ApplyConfig,
+    def __init__(self, host: Host, facts: TopologyFacts, config: ApplyConfig,
                  hierarchy: Hierarchy | str | None = None) -> None:
-        self.ctx = CheckContext(host, TopologyFacts.of(topo), config, hierarchy)
+        self.ctx = CheckContext(host, facts, config, hierarchy)
         self.config = config
         self.facts = self.ctx.facts
         self.targets: dict[str, object] = {}
@@ -203,7 +203,9 @@ class Validator:
             self.reject(aid, f"contradicts action {other}: both set {what} differently")
 
 
-def validate(plan: planpb.BindingPlan, topo: pb.MemoryTopology, host: Host, config: ApplyConfig,
+def validate(plan: planpb.BindingPlan, facts: TopologyFacts | pb.MemoryTopology, host: Host, config: ApplyConfig,
              hierarchy: Hierarchy | str | None = None) -> Validation:
-    return Validator(host, topo, config, hierarchy).run(plan)
+    if isinstance(facts, pb.MemoryTopology):
+        facts = TopologyFacts.of(facts)
+    return Validator(host, facts, config, hierarchy).run(plan)
 

@@ -7,9 +7,9 @@ is discovered once beforehand, as the agent keeps it). The baseline is a bare lo
 ``os.sched_setaffinity`` over the same TIDs plus one bare ``write`` per file the plan changes.
 Runs alternate subject and baseline; before each timed run everything is put back to the state a
 fresh process has (the engine's own rollback, or the bare inverse), untimed, so both sides do the
-same work every time. Target: ratio <= 2.0.
+same work every time. The ratio to the bare loop is context: the target is against the floor below.
 
-**The contract's floor** (a context row): the least work any implementation honouring the issue's
+**The contract's floor**: the least work any implementation honouring the issue's
 contract must do for this plan on this host, as bare Python with no engine, checked at its end
 (untimed) so it cannot silently do less. Per run, in order:
 
@@ -32,6 +32,8 @@ contract must do for this plan on this host, as bare Python with no engine, chec
   back, and each IRQ's ``effective_affinity_list`` read back;
 * the result: one unsynced record appended to the same file (the engine does not fsync results
   either), then the close.
+
+Target: engine / floor <= 1.3 (medians; the bench exits 1 when over it).
 
 Left out, because the issue's contract does not need them and the floor must not be padded: the
 process's start time and kernel-thread check (the engine names processes by pid and start time so
@@ -95,6 +97,7 @@ NUMA_VM = REPO.parent / "shared" / "lab" / "numa-vm"
 LAB_MARK = "MEMTOPO_BENCH_MIGRATION "
 WARMUP = 3
 N_IRQS = 20
+TARGET_FLOOR_RATIO = 1.3
 # Far above any IRQ number of this host, so the fake ones never shadow a real /proc/irq entry.
 FIRST_FAKE_IRQ = 100_000
 _IRQ_PATHS = ("proc/irq/", "proc/interrupts", "sys/kernel/irq/")
@@ -400,15 +403,21 @@ Timed = tuple[Callable[[], None], Callable[[], None]]  # (run, untimed reset bef
 
 def _time_all(variants: dict[str, Timed], repeat: int) -> dict[str, list[float]]:
     """Every variant once per round, in turn (a load spike on this shared 2-core machine lands on
-    all alike instead of on whichever block was running); each starts from the same state."""
+    all alike instead of on whichever block was running); each starts from the same state. Also
+    this thread's CPU time per run, under ``NAME:cpu`` (context: waiting for a busy CPU is not in it,
+    and neither is waiting for the disk)."""
     samples: dict[str, list[float]] = {name: [] for name in variants}
+    samples.update({f"{name}:cpu": [] for name in variants})
     for r in range(WARMUP + repeat):
         for name, (fn, reset) in variants.items():
             reset()
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             fn()
+            t1 = time.perf_counter()
             if r >= WARMUP:
-                samples[name].append(time.perf_counter() - t0)
+                samples[name].append(t1 - t0)
+                samples[f"{name}:cpu"].append(time.thread_time() - c0)
     return samples
 
 
@@ -477,7 +486,7 @@ def pinning(repeat: int, nthreads: int, profile: bool, phases: bool = False) -> 
                                  "floor": (floor_with(per_plan), reset_floor),
                                  "floor_slot": (floor_with(slot), reset_floor)}, repeat)
             slot.close()
-            _print_pinning(len(tids), samples)
+            within = _print_pinning(len(tids), samples)
             if profile:
                 _profile(subject, reset_subject)
             if phases:
@@ -489,17 +498,18 @@ def pinning(repeat: int, nthreads: int, profile: bool, phases: bool = False) -> 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(irq_root, ignore_errors=True)
-    return 0
+    return 0 if within else 1
 
 
-def _print_pinning(nthreads: int, samples: dict[str, list[float]]) -> None:
+def _print_pinning(nthreads: int, samples: dict[str, list[float]]) -> bool:
+    """The table; True when engine / floor is within the target."""
     base_s, subj_s = samples["bare"], samples["engine"]
     b_med, s_med = statistics.median(base_s), statistics.median(subj_s)
     print(f"{'plan':<44} {'bare ms':>9} {'engine ms':>10} {'ratio':>6} {'ratio(min)':>10}")
     print(f"{f'{nthreads} threads + cpuset + {N_IRQS} IRQs (fake root)':<44} {b_med * 1e3:>9.2f} "
           f"{s_med * 1e3:>10.2f} {s_med / b_med:>6.2f} {min(subj_s) / min(base_s):>10.2f}")
     print(f"(median of {len(base_s)} alternating runs after warm-up; engine = Engine.apply: validation, "
-          "journal + fsync, apply, verify, stored result; target ratio <= 2.0)")
+          "journal + fsync, apply, verify, stored result)")
     for name, label in (("bare_listing", "bare + listing /proc/PID/task"),
                         ("bare_undoable", "bare + listing + reading the previous masks"),
                         ("floor", "contract floor: a journal file per plan"),
@@ -513,6 +523,12 @@ def _print_pinning(nthreads: int, samples: dict[str, list[float]]) -> None:
     print(f"engine / floor = {s_med / f_med:.2f} (min {min(subj_s) / f_min:.2f}); floor / bare = {f_med / b_med:.2f} "
           f"(min {f_min / min(base_s):.2f}): the best ratio any implementation of the contract reaches here "
           f"(floor = the lower one, {fl})")
+    cpu = {n: statistics.median(samples[f"{n}:cpu"]) for n in ("engine", fl)}
+    print(f"  context: in this thread's CPU time, engine {cpu['engine'] * 1e3:.2f} ms / floor {cpu[fl] * 1e3:.2f} ms = "
+          f"{cpu['engine'] / cpu[fl]:.2f} (medians; less moved by the other users of a shared machine)")
+    within = s_med / f_med <= TARGET_FLOOR_RATIO
+    print(f"target engine / floor <= {TARGET_FLOOR_RATIO}: {'PASS' if within else 'FAIL'}")
+    return within
 
 
 FLOOR_STEPS = ("O_EXCL journal create", "list /proc/PID/task + CPU check", "previous thread masks",

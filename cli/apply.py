@@ -139,8 +139,13 @@ def _engine(args: argparse.Namespace) -> Engine:
         sockets = args.agent_socket or AGENT_SOCKETS
         agents = flock_holders(host.files, [f"{s}.lock" for s in sockets])
         overrides["protected_pids"] = tuple(sorted(p for p in agents if p != os.getpid()))
+    from memtopo.apply.hostfacts import light_facts
+
+    fs = host.files.fs
+    # Validation needs a few host facts, read from their files; a whole discovery only where the
+    # plan needs more (a fingerprint to compare, a memory policy) or the files do not say.
     return Engine(host, live_topology, _state_dir(args), ApplyConfig(**overrides),
-                  hook=_pause_hook())
+                  hook=_pause_hook(), facts_provider=lambda plan: light_facts(plan, fs))
 
 
 def read_plan(source: str) -> planpb.BindingPlan:

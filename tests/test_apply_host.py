@@ -18,6 +18,7 @@ from memtopo.apply.host import (
     MPOL_DEFAULT,
     HostFiles,
     LinuxKernel,
+    Procs,
     nodemask,
     nodes_of,
     parse_numa_maps,
@@ -110,6 +111,32 @@ def test_parse_stat_of_this_process_and_of_kthreadd() -> None:
     assert me is not None and me.pid == os.getpid() and not me.is_kernel_thread
     kthreadd = parse_stat(Path("/proc/2/stat").read_text())
     assert kthreadd is not None and kthreadd.is_kernel_thread  # PF_KTHREAD in the flags
+
+
+def test_procs_stat_of_a_threaded_process_is_its_own(tmp_path: Path) -> None:
+    """Procs.stat reads the main thread's task/PID/stat (the kernel does not sum every thread's
+    counters for it): the fields the engine checks are those of /proc/PID/stat."""
+    stop = threading.Event()
+    workers = [threading.Thread(target=stop.wait, daemon=True) for _ in range(8)]
+    for w in workers:
+        w.start()
+    try:
+        got = Procs(HostFiles(HostFS.at(Path("/")))).stat(os.getpid())
+        whole = parse_stat(Path(f"/proc/{os.getpid()}/stat").read_text())
+        assert got is not None and whole is not None
+        assert (got.pid, got.comm, got.ppid, got.flags, got.num_threads, got.starttime) == (
+            whole.pid, whole.comm, whole.ppid, whole.flags, whole.num_threads, whole.starttime)
+        assert got.num_threads >= 9
+        kthreadd = Procs(HostFiles(HostFS.at(Path("/")))).stat(2)
+        assert kthreadd is not None and kthreadd.is_kernel_thread
+    finally:
+        stop.set()
+    # A root without the task directory (a capture, a stand-in) is read through /proc/PID/stat.
+    (tmp_path / "proc/77").mkdir(parents=True)
+    (tmp_path / "proc/77/stat").write_text("77 (x) S 1 77 77 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 3 0 555 0 0\n")
+    st_ = Procs(HostFiles(HostFS.at(tmp_path))).stat(77)
+    assert st_ is not None and (st_.num_threads, st_.starttime) == (3, 555)
+    assert Procs(HostFiles(HostFS.at(tmp_path))).stat(78) is None
 
 
 def test_parse_numa_maps_notes_example() -> None:

@@ -84,3 +84,33 @@ def test_query_over_tls_is_a_client_without_the_agent(tmp_path: Path) -> None:
     assert "memtopo.tls" in modules and "grpc" in modules
     for prefix in ("memtopo.agent", "memtopo.controller.server"):
         assert not loaded(modules, prefix), prefix
+
+
+def _pin_plan(tmp_path: Path, fingerprint: str = "") -> Path:
+    """A plan pinning every thread of this test's own process (the probe is another process, so it
+    validates as any target would); applied as a dry run, which validates but changes nothing."""
+    import os
+
+    plan = {"plan_id": "imports", "actions": [{"id": "pin", "thread_affinity": {
+        "pid": os.getpid(), "threads": {"all": True}, "cpus": sorted(os.sched_getaffinity(0))[:1]}}]}
+    if fingerprint:
+        plan["topology_fingerprint"] = fingerprint
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_apply_of_a_plan_without_a_fingerprint_does_not_discover(tmp_path: Path) -> None:
+    modules = loaded_by("apply", "--dry-run", "--state-dir", str(tmp_path / "state"), str(_pin_plan(tmp_path)))
+    # It did validate, from the host facts alone.
+    assert "memtopo.apply.hostfacts" in modules and "memtopo.apply.validate" in modules
+    for prefix in ("grpc", "pyhwloc", "memtopo.discovery", "memtopo.agent", "memtopo.controller.server",
+                   "memtopo.planner.place"):
+        assert not loaded(modules, prefix), prefix
+
+
+def test_apply_of_a_plan_with_a_fingerprint_discovers_to_compare_it(tmp_path: Path) -> None:
+    modules = loaded_by("apply", "--dry-run", "--state-dir", str(tmp_path / "state"),
+                        str(_pin_plan(tmp_path, fingerprint="0" * 64)))
+    assert "memtopo.discovery.discover" in modules
+    assert not loaded(modules, "grpc")

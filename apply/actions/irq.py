@@ -122,6 +122,10 @@ class IrqStep(Step):
         self._changed: list[int] = []
         self._ban: tuple[irqbalance.Client, tuple[int, ...]] | None = None
         self._stop: str | None = None
+        # Per IRQ, built once: its files and its label (a plan moves dozens of IRQs, one action each).
+        self._files = {irq: (irqs.affinity_file(irq), irqs.effective_file(irq)) for irq in target.irqs}
+        self._labels = {irq: f"IRQ {irq}{self._name(irq)}" for irq in target.irqs}
+        self._value = cpulist_text(target.cpus)
 
     def _ids(self, rel: str) -> tuple[int, ...]:
         try:
@@ -134,13 +138,14 @@ class IrqStep(Step):
         before: list[str] = []
         undo: list[UndoOp] = []
         changed: list[int] = []
+        labels = self._labels
         for irq in t.irqs:
-            rel = irqs.affinity_file(irq)
-            predicted = overlay.get(("irq", irq))
+            rel = self._files[irq][0]
+            predicted = overlay.get(("irq", irq)) if overlay else None
             cur = tuple(sorted(predicted)) if predicted is not None else self._ids(rel)
             text = cpulist_text(cur)
             # The effective affinity is read after the change (details): one file less per IRQ here.
-            before.append(f"IRQ {irq}{self._name(irq)}: affinity {text or 'none'}")
+            before.append(f"{labels[irq]}: affinity {text or 'none'}")
             if cur != t.cpus:  # both sorted and unique: equal tuples are equal sets
                 changed.append(irq)
                 undo.append(FileUndo(rel, text, "list"))
@@ -148,8 +153,8 @@ class IrqStep(Step):
         self._changed = changed
         if changed:
             undo = self._irqbalance(details) + undo
-        desired = cpulist_text(t.cpus) or "none"
-        after = [f"IRQ {irq}{self._name(irq)}: affinity {desired}" for irq in t.irqs]
+        desired = self._value or "none"
+        after = [f"{labels[irq]}: affinity {desired}" for irq in t.irqs]
         return Prepared(before, after, undo, bool(changed), details)
 
     def _irqbalance(self, details: dict[str, str]) -> list[UndoOp]:
@@ -204,15 +209,17 @@ class IrqStep(Step):
             res = self.host.runner.run(["systemctl", "stop", self._stop])
             if not res.ok:
                 details["irqbalance"] += f"; stop failed ({res.failure}): it may move these IRQs again"
-        value = cpulist_text(t.cpus)
+        value = self._value
+        paths = self._files
+        write_read = files.write_read
         moved: list[int] = []
         # What smp_affinity_list reads right after the write (same descriptor: one open per IRQ).
         readback: list[str] = []
         unmovable: dict[int, str] = {}
         for irq in self._changed:
-            rel = irqs.affinity_file(irq)
+            rel = paths[irq][0]
             try:
-                readback.append(files.write_read(rel, value))
+                readback.append(write_read(rel, value))
             except HostWriteError as exc:
                 if exc.errno in _UNMOVABLE:
                     unmovable[irq] = errno_name(exc.errno)
@@ -230,11 +237,12 @@ class IrqStep(Step):
                                   "changed from user space")
         effective: list[str] = []
         want = set(t.cpus)
+        read_ids = files.read_ids
         for irq, text in zip(moved, readback, strict=True):
             # An effective affinity inside the new set proves the write held; otherwise (x86 moves an
             # IRQ at its next interrupt) the requested mask must read back as written.
             try:
-                eff: tuple[int, ...] | None = files.read_ids(irqs.effective_file(irq))
+                eff: tuple[int, ...] | None = read_ids(paths[irq][1])
             except HostReadError:
                 eff = None
             held = eff is not None and bool(eff) and want.issuperset(eff)
@@ -242,7 +250,7 @@ class IrqStep(Step):
                 try:
                     got = cpulist(text)
                 except CpuListError as exc:
-                    raise ActionError(f"/{irqs.affinity_file(irq)}: {exc}") from exc
+                    raise ActionError(f"/{paths[irq][0]}: {exc}") from exc
                 if got != t.cpus:
                     raise ActionError(f"IRQ {irq}: smp_affinity_list reads {ids(got)} after writing {value}")
             if eff is not None:
@@ -250,9 +258,12 @@ class IrqStep(Step):
                 effective.append(f"{irq}→{cpulist_text(eff) or 'none'}{pending}")
         if effective:
             details["effective_affinity"] = ", ".join(effective)
+        if not unmovable:
+            return Applied(prepared.after, details)  # what prepare said it would leave
         desired = value or "none"
-        after = [f"IRQ {irq}{self._name(irq)}: " + (f"unchanged (managed, {unmovable[irq]})" if irq in unmovable
-                                                     else f"affinity {desired}") for irq in t.irqs]
+        labels = self._labels
+        after = [f"{labels[irq]}: " + (f"unchanged (managed, {unmovable[irq]})" if irq in unmovable
+                                       else f"affinity {desired}") for irq in t.irqs]
         return Applied(after, details)
 
     def _name(self, irq: int) -> str:
