@@ -13,7 +13,7 @@ from memtopo.discovery.parts import PciInfo
 from memtopo.hostfs import HostFS, HostReadError
 from memtopo.runner import RECORDED_TOOLS_DIR, RecordedRunner, Runner, SubprocessRunner
 
-# NVML answers recorded with a captured root (JSON; format in discovery/nvidia.py).
+# NVML answers recorded with a captured root (JSON; format in discovery/nvml_replay.py).
 RECORDED_NVML = ".memtopo/nvml.json"
 
 

@@ -25,17 +25,15 @@ from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import nvidia
 from memtopo.discovery.capture import open_root
 from memtopo.discovery.nvidia import (
-    CALLS,
     NumaStatus,
-    NvidiaParseError,
-    NvLinkPeer,
-    PynvmlApi,
     attribute_mig_placeholders,
     is_superchip_model,
     nvlink_topology,
     parse_numa_status,
-    parse_nvml_replay,
 )
+from memtopo.discovery.nvml import CALLS, NvidiaParseError, NvLinkPeer
+from memtopo.discovery.nvml_live import PynvmlApi
+from memtopo.discovery.nvml_replay import parse_nvml_replay
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from memtopo.pci import normalize_bdf
