@@ -37,11 +37,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memtopo.cpulist import MAX_ID, format_cpulist
-from memtopo.discovery import sysfs_numa
+from memtopo.discovery import presence
 from memtopo.discovery.nvml import CALLS, NvidiaParseError, NvLinkPeer, NvmlApi, NvmlCallError, id_spans
 from memtopo.discovery.nvml_live import PynvmlApi
 from memtopo.discovery.nvml_replay import load_nvml_replay
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysNuma
+from memtopo.discovery.presence import PROC_GPUS
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.hostfs import HostReadError
 from memtopo.pci import bdf_sort_key, normalize_bdf
@@ -49,7 +50,6 @@ from memtopo.text import excerpt
 
 SOURCE = "nvidia"
 
-PROC_GPUS = "proc/driver/nvidia/gpus"
 
 # GH200, GB200, GB300, GB10: Grace-based superchips. The look-arounds keep "80GB" out.
 _SUPERCHIP = re.compile(r"(?<![A-Za-z0-9])G[BH]\d{2,3}(?![0-9])")
@@ -199,9 +199,14 @@ class _Asker:
             return None
 
 
-def probe(ctx: ProbeContext, *, api: NvmlApi | None = None) -> ProbeResult[AcceleratorPart]:
-    """NVIDIA GPUs of the root. ``api`` replaces the NVML choice (tests inject fakes through it)."""
+def probe(ctx: ProbeContext, numa: ProbeResult[SysNuma] | None = None, *,
+          api: NvmlApi | None = None) -> ProbeResult[AcceleratorPart]:
+    """NVIDIA GPUs of the root. ``numa``: sysfs.numa's part, which MIG placeholder nodes are attributed
+    from. ``api`` replaces the NVML choice (tests inject fakes through it)."""
     sb = StatusBuilder(SOURCE)
+    if api is None and (nothing := presence.nvidia(ctx)) is not None:
+        sb.unavailable(nothing)
+        return ProbeResult(AcceleratorPart(), sb.finish())
     procfs = _read_procfs(ctx, sb) if ctx.sysfs_available else {}
     gpus: list[_Gpu] = []
     absent: str | None = None
@@ -214,10 +219,10 @@ def probe(ctx: ProbeContext, *, api: NvmlApi | None = None) -> ProbeResult[Accel
         if gpus:
             sb.problem(f"NVML: {absent}; GPUs from {PROC_GPUS} only")
         else:
-            sb.unavailable(f"no NVIDIA GPUs in {PROC_GPUS} and NVML: {absent}")
+            sb.unavailable(presence.nvidia_absent(absent))
     elif not gpus:
         sb.unavailable("no NVIDIA GPUs (NVML reports 0 devices)")
-    _attribute_placeholders(ctx, gpus)
+    _attribute_placeholders(ctx, gpus, numa, sb)
     devices = tuple(_freeze(g) for g in gpus)
     links, groups = nvlink_topology({g.index: g.bdf for g in gpus}, {g.index: g.nvlinks for g in gpus})
     return ProbeResult(AcceleratorPart(devices, links, groups), sb.finish())
@@ -233,8 +238,8 @@ def _choose_api(ctx: ProbeContext, sb: StatusBuilder) -> tuple[NvmlApi | None, s
     if ctx.libraries_live:
         return PynvmlApi(), None
     if not ctx.sysfs_available:
-        return None, "input is an hwloc XML export"
-    return None, "captured root without an NVML recording"
+        return None, presence.XML_ONLY
+    return None, presence.NO_NVML_RECORDING
 
 
 def _query_nvml(api: NvmlApi, ctx: ProbeContext, sb: StatusBuilder) -> tuple[list[_Gpu], str | None]:
@@ -376,13 +381,16 @@ def _apply_numa_status(gpu: _Gpu, status: NumaStatus | None, sb: StatusBuilder) 
             gpu.attributes["cdmm"] = "true"
 
 
-def _attribute_placeholders(ctx: ProbeContext, gpus: list[_Gpu]) -> None:
+def _attribute_placeholders(ctx: ProbeContext, gpus: list[_Gpu], numa: ProbeResult[SysNuma] | None,
+                            sb: StatusBuilder) -> None:
     memory_nodes = {g.index: min(g.memory_nodes) for g in gpus if g.memory_nodes}
     if not memory_nodes or not ctx.sysfs_available:
         return
+    if numa is None:
+        sb.problem("no sysfs.numa part (that probe failed or overran): MIG placeholder nodes not attributed")
+        return
     # The kernel's own node view (the sysfs.numa probe reports its problems itself).
-    numa = sysfs_numa.probe(ctx).data
-    for index, nodes in attribute_mig_placeholders(numa, memory_nodes).items():
+    for index, nodes in attribute_mig_placeholders(numa.data, memory_nodes).items():
         if nodes:
             gpus[index].attributes["mig_placeholder_nodes"] = format_cpulist(nodes)
 
