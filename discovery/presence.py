@@ -13,7 +13,6 @@ import importlib.util
 import shutil
 from collections.abc import Sequence
 
-from memtopo.discovery.nvml import CALLS, NvmlCallError
 from memtopo.discovery.parts import SysPci
 from memtopo.discovery.pci_ids import VENDOR_KUNLUNXIN, classify
 from memtopo.discovery.source import ProbeContext, ProbeResult
@@ -27,8 +26,10 @@ XPUCTRL = "dev/xpuctrl"
 PROC_GPUS = "proc/driver/nvidia/gpus"
 # npu-smi's three views (device map, device list, topology), all the Ascend probe asks.
 ASCEND_ARGVS = (("npu-smi", "info", "-m"), ("npu-smi", "info"), ("npu-smi", "info", "-t", "topo"))
-# What pynvml's nvmlInit loads on Linux; its absence is NVML's LibraryNotFound.
+# What pynvml's nvmlInit loads on Linux; its absence is NVML's LibraryNotFound, which the probe words
+# as its NvmlCallError does (discovery/nvml.py, not imported here: it is the NVML side's weight).
 LIBNVML = "libnvidia-ml.so.1"
+NO_LIBNVML = "nvmlInit: LibraryNotFound"
 
 
 def amd(ctx: ProbeContext) -> str | None:
@@ -93,7 +94,7 @@ def nvidia(ctx: ProbeContext, *_needed: object) -> str | None:
         try:
             ctypes.CDLL(LIBNVML)
         except OSError:
-            return nvidia_absent(str(NvmlCallError(CALLS["init"], "LibraryNotFound")))
+            return nvidia_absent(NO_LIBNVML)
         return None
     if not ctx.sysfs_available:
         return nvidia_absent(XML_ONLY)

@@ -131,3 +131,10 @@ def test_a_threaded_probe_past_its_deadline_hands_none_to_what_needs_it(monkeypa
     (overdue,) = parts.extra_statuses
     assert overdue.source == "sysfs.pci" and overdue.state is State.UNAVAILABLE
     assert "did not finish within its deadline of 0.3 s" in overdue.reasons[0]
+
+
+def test_the_live_nvml_absence_is_worded_as_the_nvml_side_words_it() -> None:
+    from memtopo.discovery import presence
+    from memtopo.discovery.nvml import CALLS, NvmlCallError
+
+    assert str(NvmlCallError(CALLS["init"], "LibraryNotFound")) == presence.NO_LIBNVML
