@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +39,24 @@ def test_each_declaration_matches_its_module() -> None:
         assert spec.absent is None or spec.part == ACCELERATORS  # absent: an empty accelerator part
 
 
-def _contexts() -> dict[str, ProbeContext]:
-    return {
-        "lab capture": ProbeContext.at_root(lab_root("single")),
-        "xml export": ProbeContext(ProbeContext.live().fs, hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml"),
-        "live host": ProbeContext.live(),
-        "gh200": ProbeContext.at_root(extracted(FIXTURES / "gh200" / "root.tar.gz")),
-        "kunlunxin": ProbeContext.at_root(extracted(FIXTURES / "kunlunxin-p800-8xpu" / "root.tar.gz")),
-        "mi300a": ProbeContext.at_root(extracted(FIXTURES / "mi300a-4apu" / "root.tar.gz")),
-    }
+def _fixture(name: str) -> ProbeContext:
+    return ProbeContext.at_root(extracted(FIXTURES / name / "root.tar.gz"))
 
 
-@pytest.mark.parametrize("where", sorted(_contexts()))
+# Built when a test asks (extracting a root is not for collection time).
+CONTEXTS: dict[str, Callable[[], ProbeContext]] = {
+    "lab capture": lambda: ProbeContext.at_root(lab_root("single")),
+    "xml export": lambda: ProbeContext(ProbeContext.live().fs, hwloc_xml=HWLOC_XML / "nvidiaDGX2.xml"),
+    "live host": ProbeContext.live,
+    "gh200": lambda: _fixture("gh200"),
+    "kunlunxin": lambda: _fixture("kunlunxin-p800-8xpu"),
+    "mi300a": lambda: _fixture("mi300a-4apu"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(CONTEXTS))
 def test_a_vendor_reported_absent_reads_exactly_as_its_probe_reports_it(where: str) -> None:
-    ctx = _contexts()[where]
+    ctx = CONTEXTS[where]()
     for spec in PROBES:
         if spec.absent is None:
             continue
@@ -67,7 +72,7 @@ def test_a_vendor_reported_absent_reads_exactly_as_its_probe_reports_it(where: s
 
 @pytest.mark.parametrize(("where", "source"), [("kunlunxin", "xpu-smi"), ("mi300a", "amd.kfd")])
 def test_a_host_with_the_vendors_devices_runs_its_probe(where: str, source: str) -> None:
-    ctx = _contexts()[where]
+    ctx = CONTEXTS[where]()
     spec = next(s for s in PROBES if s.source == source)
     needed = tuple(run_alone(n, ctx) for n in spec.needs)
     assert spec.absent_result(ctx, needed) is None
