@@ -3,6 +3,7 @@ changes what a source reports, and what a probe gets when the probe it needs fai
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 from collections.abc import Callable
@@ -143,3 +144,17 @@ def test_the_live_nvml_absence_is_worded_as_the_nvml_side_words_it() -> None:
     from memtopo.discovery.nvml import CALLS, NvmlCallError
 
     assert str(NvmlCallError(CALLS["init"], "LibraryNotFound")) == presence.NO_LIBNVML
+
+
+def test_live_vendor_threads_get_the_lane_parts_they_need() -> None:
+    """With live libraries the vendor probes run in threads of their own: kunlunxin's thread waits
+    for sysfs.pci from the shared lane and reports the same devices as the inline run."""
+    ctx = CONTEXTS["kunlunxin"]()
+    with DiscoveryScope() as scope:
+        inline = discover.collect(ctx, scope)
+    with DiscoveryScope() as scope:
+        threaded = discover.collect(dataclasses.replace(ctx, libraries_live=True), scope)
+    assert inline.pci is not None and threaded.pci is not None
+    assert len(threaded.accelerators["xpu-smi"].data.devices) == 8
+    assert threaded.accelerators["xpu-smi"].data == inline.accelerators["xpu-smi"].data
+    assert list(threaded.accelerators) == [s.source for s in PROBES if s.part == ACCELERATORS]
