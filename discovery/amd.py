@@ -41,15 +41,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from memtopo.discovery import presence
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
 from memtopo.discovery.pci_ids import VENDOR_AMD
+from memtopo.discovery.presence import KFD_NODES
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.hostfs import HostFS, HostReadError
 from memtopo.text import excerpt
 
 SOURCE = "amd.kfd"
 
-KFD_NODES = "sys/class/kfd/kfd/topology/nodes"
 PCI_DEVICES = "sys/bus/pci/devices"
 NUMA_NODES = "sys/devices/system/node"
 
@@ -379,11 +380,8 @@ def _attributes(node: KfdNode, place: Placement, facts: PciFacts, cpu_link: _Cpu
 def probe(ctx: ProbeContext) -> ProbeResult[AcceleratorPart]:
     """KFD sysfs + PCI attributes (the tested path); amdsmi on top only for the live host."""
     sb = StatusBuilder(SOURCE)
-    if not ctx.sysfs_available:
-        sb.unavailable("input is an hwloc XML export")
-        return ProbeResult(AcceleratorPart(), sb.finish())
-    if not ctx.fs.is_dir(KFD_NODES):
-        sb.unavailable(f"no AMD devices: {KFD_NODES} missing (amdgpu/KFD not loaded, or not in this capture)")
+    if (absent := presence.amd(ctx)) is not None:
+        sb.unavailable(absent)
         return ProbeResult(AcceleratorPart(), sb.finish())
     nodes = read_topology(ctx.fs, sb)
     gpus = [n for n in nodes if n.is_gpu]

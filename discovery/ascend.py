@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from memtopo.cpulist import CpuListError, parse_cpulist
+from memtopo.discovery import presence
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
+from memtopo.discovery.presence import ASCEND_ARGVS
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.pci import normalize_bdf
 from memtopo.runner import ToolResult, run_all
@@ -45,9 +47,7 @@ SOURCE = "npu-smi"
 
 KIND = "NPU"
 VENDOR = "Huawei"
-ARGV_MAP = ("npu-smi", "info", "-m")
-ARGV_INFO = ("npu-smi", "info")
-ARGV_TOPO = ("npu-smi", "info", "-t", "topo")
+ARGV_MAP, ARGV_INFO, ARGV_TOPO = ASCEND_ARGVS
 # What `memtopo gather` records with a capture, so `topo --root` replays this probe.
 RECORDED_COMMANDS = (ARGV_MAP, ARGV_INFO, ARGV_TOPO)
 
@@ -625,9 +625,10 @@ class _Parsed(Protocol):
 
 def probe(ctx: ProbeContext) -> ProbeResult[AcceleratorPart]:
     sb = StatusBuilder(SOURCE)
-    if not ctx.sysfs_available:
-        # The runner is this host's: its NPUs would be reported as the exported machine's.
-        sb.unavailable("input is an hwloc XML export")
+    # With only an XML export the runner is this host's: its NPUs would be reported as the
+    # exported machine's.
+    if (absent := presence.ascend(ctx)) is not None:
+        sb.unavailable(absent)
         return ProbeResult(AcceleratorPart(), sb.finish())
     results = run_all(ctx.runner, [ARGV_MAP, ARGV_INFO, ARGV_TOPO])
     if all(r.failure is not None and r.failure.endswith(": not found") for r in results):

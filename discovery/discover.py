@@ -8,26 +8,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
+from typing import Any
 
-from memtopo.discovery import (
-    amd,
-    ascend,
-    hwloc,
-    identity,
-    kunlunxin,
-    nvidia,
-    proc_allowed,
-    sysfs_cxl,
-    sysfs_numa,
-    sysfs_pci,
-    sysfs_tiers,
-)
 from memtopo.discovery.assemble import Parts, assemble
 from memtopo.discovery.bounds import sanitize
 from memtopo.discovery.fingerprint import fingerprint
-from memtopo.discovery.parts import AcceleratorPart, HwlocPart
+from memtopo.discovery.parts import AcceleratorPart
+from memtopo.discovery.probes import ACCELERATORS, PROBES, ProbeSpec
 from memtopo.discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State, StatusBuilder
 from memtopo.text import excerpt
 from memtopo.v1 import topology_pb2 as pb
@@ -105,71 +92,112 @@ class _Backstop:
             f"probe did not finish within its deadline of {self.ctx.deadline_s:g} s; left running",)))
 
 
-# Vendor accelerator sources. Each runs its own tools concurrently (runner.run_all).
-ACCELERATOR_PROBES: tuple[tuple[str, Callable[[ProbeContext], ProbeResult[AcceleratorPart]]], ...] = (
-    (amd.SOURCE, amd.probe),
-    (ascend.SOURCE, ascend.probe),
-    (kunlunxin.SOURCE, kunlunxin.probe),
-    (nvidia.SOURCE, nvidia.probe),
-)
+class _Slot:
+    """One probe's run: its result once done, which every probe that needs it waits for."""
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        self.spec = spec
+        self.result: ProbeResult[Any] | None = None
+        self.done = threading.Event()
+        self.started_at: float | None = None
+        self.started = threading.Event()
+        self.thread: threading.Thread | None = None
+        self._settling = threading.Lock()
+
+    def settle(self, backstop: _Backstop, deadline_s: float) -> None:
+        """Wait for a probe in its own thread until its deadline (counted from its start); one still
+        running then is reported overdue and its part is None."""
+        assert self.thread is not None
+        with self._settling:
+            if self.done.is_set():
+                return
+            self.started.wait()
+            assert self.started_at is not None
+            self.thread.join(max(0.0, deadline_s - (time.perf_counter() - self.started_at)))
+            if self.thread.is_alive():
+                backstop.overdue(self.spec.source)
+            self.finish(None)  # no-op when it finished in time
+
+    def finish(self, result: ProbeResult[Any] | None) -> None:
+        if not self.done.is_set():  # an overdue probe's late answer is not read
+            self.result = result
+            self.done.set()
 
 
-def collect(ctx: ProbeContext, scope: DiscoveryScope) -> Parts:
-    """All probes' parts. hwloc's load is C code that releases the GIL, so the sysfs probes run
-    beside it on another core instead of after it (with XML input there is nothing to overlap).
+def _call(spec: ProbeSpec, ctx: ProbeContext, needed: tuple[ProbeResult[Any] | None, ...]
+          ) -> Callable[[ProbeContext], ProbeResult[Any]]:
+    """The probe with its needs bound; a vendor that is certainly absent is reported without its module."""
+    def run(c: ProbeContext) -> ProbeResult[Any]:
+        t0 = time.perf_counter()
+        absent = spec.absent_result(c, needed)
+        if absent is not None:
+            return ProbeResult(absent.data, dataclasses.replace(absent.status, duration_s=time.perf_counter() - t0))
+        return spec.function()(c, *needed)
+    return run
 
-    On the live host the vendor probes start first, in their own threads: their tools and
-    libraries can take seconds (or hang until their timeout), and that wait should overlap
-    everything else rather than add to it. Replayed tools answer instantly and run inline.
+
+def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, ...] | None = None) -> Parts:
+    """All probes' parts, scheduled from their declarations (discovery/probes.py).
+
+    A probe whose ``own_thread`` holds runs in a thread of its own, started first (hwloc beside the
+    sysfs probes; on the live host the vendor probes, whose tools and libraries can take seconds);
+    the others run one after another in the shared lane, in declaration order. Either way a probe
+    starts once the parts it needs are done, gets them as arguments, and is bounded by
+    ``ctx.deadline_s`` from its start: an overdue or raising probe costs its own source only, and a
+    probe that needs it gets None.
 
     What the probes defer (see DiscoveryScope) runs when the caller closes ``scope``."""
-    started = time.perf_counter()
+    probes = PROBES if probes is None else probes
     ctx = dataclasses.replace(ctx, scope=scope)
     lane = _Lane()
     backstop = _Backstop(ctx, lane)
-    vendor_pool = ThreadPoolExecutor(max_workers=len(ACCELERATOR_PROBES)) if (
-        ctx.libraries_live and ACCELERATOR_PROBES) else None
-    vendor_futures = {name: vendor_pool.submit(backstop.guarded, name, probe)
-                      for name, probe in ACCELERATOR_PROBES} if vendor_pool else {}
-    hw: list[ProbeResult[HwlocPart] | None] = []  # what hwloc's thread hands over
-    hw_result: ProbeResult[HwlocPart] | None = None
-    hw_thread: threading.Thread | None = None
+    slots = {spec.source: _Slot(spec) for spec in probes}
+
+    def needed(spec: ProbeSpec) -> tuple[ProbeResult[Any] | None, ...]:
+        for n in spec.needs:
+            if slots[n].thread is not None:
+                slots[n].settle(backstop, ctx.deadline_s)
+            slots[n].done.wait()  # a lane probe's slot is finished before the next one starts
+        return tuple(slots[n].result for n in spec.needs)
+
+    def threaded(slot: _Slot) -> None:
+        try:
+            args = needed(slot.spec)
+        finally:
+            slot.started_at = time.perf_counter()
+            slot.started.set()
+        slot.finish(backstop.guarded(slot.spec.source, _call(slot.spec, ctx, args)))
+
+    own = [slot for slot in slots.values() if slot.spec.own_thread(ctx)]
+    # Vendors first: theirs are the longest waits.
+    own.sort(key=lambda slot: slot.spec.part != ACCELERATORS)
     try:
-        if ctx.sysfs_available:
-            hw_thread = threading.Thread(target=lambda: hw.append(backstop.guarded(hwloc.SOURCE, hwloc.probe)),
-                                         name="memtopo-hwloc", daemon=True)
-            hw_thread.start()
-        else:
-            hw_result = backstop.run(hwloc.SOURCE, hwloc.probe)
-        identity_r = backstop.run(identity.SOURCE, identity.probe)
-        numa_r = backstop.run(sysfs_numa.SOURCE, sysfs_numa.probe)
-        tiers_r = backstop.run(sysfs_tiers.SOURCE, sysfs_tiers.probe)
-        cxl_r = backstop.run(sysfs_cxl.SOURCE, sysfs_cxl.probe)
-        pci_r = backstop.run(sysfs_pci.SOURCE, sysfs_pci.probe)
-        allowed_r = backstop.run(proc_allowed.SOURCE, proc_allowed.probe)
-        vendor: dict[str, ProbeResult[AcceleratorPart] | None] = {}
-        if vendor_pool is None:
-            vendor = {name: backstop.run(name, probe) for name, probe in ACCELERATOR_PROBES}
-        if hw_thread is not None:
-            # Its deadline counts from its start, which was before the probes above.
-            hw_thread.join(max(0.0, ctx.deadline_s - (time.perf_counter() - started)))
-            if hw_thread.is_alive():
-                backstop.overdue(hwloc.SOURCE)  # what it hands over later is not read
-            else:
-                hw_result = hw[0] if hw else None
-        if vendor_pool is not None:
-            for name, f in vendor_futures.items():
-                try:
-                    vendor[name] = f.result(timeout=max(0.0, ctx.deadline_s - (time.perf_counter() - started)))
-                except FuturesTimeout:
-                    backstop.overdue(name)
+        for slot in own:  # all known as threaded before any starts and asks about another
+            slot.thread = threading.Thread(target=threaded, args=(slot,), name=f"memtopo-{slot.spec.source}",
+                                           daemon=True)
+        for slot in own:
+            assert slot.thread is not None
+            slot.thread.start()
+        for slot in slots.values():
+            if slot.thread is None:
+                spec = slot.spec
+                slot.finish(backstop.run(spec.source, _call(spec, ctx, needed(spec))))
+        for slot in own:
+            slot.settle(backstop, ctx.deadline_s)
     finally:
         lane.close()
-        if vendor_pool is not None:
-            vendor_pool.shutdown(wait=False)
-    return Parts(identity=identity_r, numa=numa_r, tiers=tiers_r, cxl=cxl_r, pci=pci_r, allowed=allowed_r,
-                 hwloc=hw_result, accelerators={k: v for k, v in vendor.items() if v is not None},
-                 extra_statuses=tuple(backstop.failures))
+        for slot in slots.values():
+            slot.finish(None)  # nothing waits forever on a probe that never ran
+    parts: dict[str, Any] = {}
+    accelerators: dict[str, ProbeResult[AcceleratorPart]] = {}
+    for slot in slots.values():
+        if slot.result is None:
+            continue
+        if slot.spec.part == ACCELERATORS:
+            accelerators[slot.spec.source] = slot.result
+        else:
+            parts[slot.spec.part] = slot.result
+    return Parts(**parts, accelerators=accelerators, extra_statuses=tuple(backstop.failures))
 
 
 _SCHEMA_ERRORS = (ValueError, TypeError, OverflowError)

@@ -21,10 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memtopo.cpulist import CpuListError, parse_cpulist
-from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids
+from memtopo.discovery import presence
+from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, Ids, SysPci
 from memtopo.discovery.pci_ids import VENDOR_KUNLUNXIN, classify
+from memtopo.discovery.presence import XPUCTRL
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.discovery.sysfs_pci import PCI_DEVICES
+from memtopo.discovery.sysfs_read import PCI_DEVICES
 from memtopo.hostfs import HostReadError
 from memtopo.pci import normalize_bdf
 from memtopo.runner import Runner, ToolResult, run_all
@@ -39,7 +41,6 @@ VENDOR = "Kunlunxin"
 TOOLS = ("xpu-smi", "xpu_smi")
 # What `memtopo gather` records with a capture, so `topo --root` replays this probe.
 RECORDED_COMMANDS = tuple((tool, *args) for tool in TOOLS for args in (("-L",), ("-m",), ("topo", "-m")))
-XPUCTRL = "dev/xpuctrl"
 
 MIB = 1 << 20
 
@@ -367,15 +368,15 @@ def numa_groups(indices: Sequence[int], nodes: Mapping[int, int]) -> tuple[Ids, 
 
 
 # ---- probe -----------------------------------------------------------------------------------------
-def probe(ctx: ProbeContext) -> ProbeResult[AcceleratorPart]:
+def probe(ctx: ProbeContext, pci: ProbeResult[SysPci] | None = None) -> ProbeResult[AcceleratorPart]:
+    """``pci``: sysfs.pci's part, when the probe runs in a discovery (its functions are not read twice)."""
     sb = StatusBuilder(SOURCE)
-    if not ctx.sysfs_available:
-        sb.unavailable("input is an hwloc XML export")
+    if (absent := presence.kunlunxin(ctx, pci)) is not None:
+        sb.unavailable(absent)
         return ProbeResult(AcceleratorPart(), sb.finish())
-    pci_nodes = _kunlunxin_pci(ctx)
+    pci_nodes = _kunlunxin_pci(ctx, pci)
     if not pci_nodes and not ctx.fs.exists(XPUCTRL):
-        sb.unavailable(f"no Kunlunxin devices (no PCI vendor 0x{VENDOR_KUNLUNXIN:04x} accelerator, "
-                       f"no /{XPUCTRL})")
+        sb.unavailable(presence.kunlunxin_absent())
         return ProbeResult(AcceleratorPart(), sb.finish())
     results = _run_tool(ctx.runner)
     if results is None:
@@ -387,13 +388,12 @@ def probe(ctx: ProbeContext) -> ProbeResult[AcceleratorPart]:
     return ProbeResult(_assemble(listed, machine, topo, pci_nodes, sb), sb.finish())
 
 
-def _kunlunxin_pci(ctx: ProbeContext) -> dict[str, int]:
+def _kunlunxin_pci(ctx: ProbeContext, pci: ProbeResult[SysPci] | None) -> dict[str, int]:
     """Kunlunxin accelerators on PCI: BDF → sysfs numa_node. Unreadable attributes are skipped here;
     the PCI probe reports them. Within a discovery, from what the PCI probe read."""
-    listed = ctx.scope.pci() if ctx.scope is not None else None
+    listed = presence.kunlunxin_pci(pci)
     if listed is not None:
-        return {d.bdf: d.numa_node for d in listed
-                if d.vendor_id == VENDOR_KUNLUNXIN and classify(d.vendor_id, d.device_id, d.class_code) == "xpu"}
+        return listed
     found: dict[str, int] = {}
     try:
         names = ctx.fs.listdir(PCI_DEVICES)

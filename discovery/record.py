@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from memtopo.discovery import ascend, kunlunxin, nvidia
+from memtopo.discovery import ascend, kunlunxin, nvml_record
 from memtopo.discovery.source import RECORDED_NVML, ProbeContext
 from memtopo.runner import RECORDED_TOOLS_DIR, run_all
 
@@ -28,5 +28,5 @@ def recordings(ctx: ProbeContext) -> dict[str, str]:
         files[f"{RECORDED_TOOLS_DIR}/{name}"] = res.stdout
         index[name] = list(argv)
     files[f"{RECORDED_TOOLS_DIR}/argv.json"] = json.dumps(index, indent=1, sort_keys=True)
-    files[RECORDED_NVML] = json.dumps(nvidia.record_live(ctx), indent=1, sort_keys=True)
+    files[RECORDED_NVML] = json.dumps(nvml_record.record_live(ctx), indent=1, sort_keys=True)
     return files

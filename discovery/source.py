@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from memtopo.discovery.parts import PciInfo
 from memtopo.hostfs import HostFS, HostReadError
 from memtopo.runner import RECORDED_TOOLS_DIR, RecordedRunner, Runner, SubprocessRunner
 
-# NVML answers recorded with a captured root (JSON; format in discovery/nvidia.py).
+# NVML answers recorded with a captured root (JSON; format in discovery/nvml_replay.py).
 RECORDED_NVML = ".memtopo/nvml.json"
 
 
@@ -32,35 +30,15 @@ class SourceStatus:
 
 
 class DiscoveryScope:
-    """What the probes of one discovery share, and what waits until its message is built.
+    """What waits until a discovery's message is built: freeing hwloc's topology. The free unloads
+    hwloc's plugins (dlclose of libcudart and the rest), which evicts the interpreter's working set
+    from this core's cache; done after the assembly instead of before it, the assembly runs warm
+    (measured in bench/discovery.py).
 
-    Reads: what one probe read that another needs too, handed over instead of read twice (the PCI
-    functions: sysfs.pci reads every one; a vendor probe's "is there any of our devices" would
-    otherwise read every function's vendor again).
-
-    Deferred work: freeing hwloc's topology. The free unloads hwloc's plugins (dlclose of libcudart
-    and the rest), which evicts the interpreter's working set from this core's cache; done after the
-    assembly instead of before it, the assembly runs warm (measured in bench/discovery.py).
-
-    One per discovery, so it never serves a stale answer; a probe run on its own has none, reads for
-    itself and frees at once."""
-
-    # Long enough for the PCI probe of any real host, short enough that a stuck one costs a vendor
-    # probe only this before it scans for itself.
-    WAIT_S = 10.0
+    One per discovery; a probe run on its own has none and frees at once."""
 
     def __init__(self) -> None:
-        self._pci_ready = threading.Event()
-        self._pci: tuple[PciInfo, ...] | None = None
         self._deferred: list[Callable[[], None]] = []
-
-    def publish_pci(self, devices: Sequence[PciInfo] | None) -> None:
-        """The PCI probe's functions, or None when it raised (waiters then read for themselves)."""
-        self._pci = tuple(devices) if devices is not None else None
-        self._pci_ready.set()
-
-    def pci(self) -> tuple[PciInfo, ...] | None:
-        return self._pci if self._pci_ready.wait(self.WAIT_S) else None
 
     def defer(self, release: Callable[[], None]) -> None:
         """Run ``release`` when the discovery closes (list.append: safe from a probe's thread)."""

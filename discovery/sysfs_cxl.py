@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from memtopo.discovery.parts import CxlDecoderInfo, CxlMemdevInfo, CxlRegionInfo, DaxInfo, SysCxl
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.discovery.sysfs_pci import AttrReader, is_bdf
+from memtopo.discovery.sysfs_read import AttrReader
 from memtopo.hostfs import HostReadError
+from memtopo.pci import is_bdf
 
 SOURCE = "sysfs.cxl"
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from memtopo.cpulist import MAX_ID, format_cpulist
+from memtopo.cpulist import format_cpulist
 from memtopo.discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
+from memtopo.discovery.sysfs_read import dir_ids
 from memtopo.hostfs import HostReadError
 from memtopo.text import excerpt
 
@@ -65,20 +66,6 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysNuma]:
         cpus_present=cpus_present,
     )
     return ProbeResult(data, sb.finish())
-
-
-def dir_ids(sb: StatusBuilder, rel: str, entries: list[str], prefix: str) -> list[int]:
-    """The ids of ``<prefix>N`` entries of a directory, sorted; one beyond any id the kernel gives
-    (cpulist.MAX_ID) is a problem and left out."""
-    ids = []
-    for e in entries:
-        digits = e[len(prefix):]
-        if e.startswith(prefix) and digits.isdigit() and digits.isascii():
-            if len(digits) > 6 or int(digits) >= MAX_ID:
-                sb.problem(f"{rel}/{excerpt(e)}: id out of range (at most {MAX_ID - 1}); left out")
-                continue
-            ids.append(int(digits))
-    return sorted(ids)
 
 
 def _read_uint(ctx: ProbeContext, rel: str) -> int:

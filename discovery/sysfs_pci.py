@@ -10,16 +10,15 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 
-from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
 from memtopo.discovery.parts import Ids, MdevInfo, PciInfo, SysPci
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.hostfs import MAX_PCI_FUNCTIONS, HostFS, HostReadError
-from memtopo.pci import parse_bdf
+from memtopo.discovery.sysfs_read import PCI_DEVICES, AttrReader
+from memtopo.hostfs import MAX_PCI_FUNCTIONS, HostReadError
+from memtopo.pci import is_bdf, parse_bdf
 from memtopo.text import excerpt
 
 SOURCE = "sysfs.pci"
 
-PCI_DEVICES = "sys/bus/pci/devices"
 MDEV_DEVICES = "sys/bus/mdev/devices"
 
 
@@ -31,78 +30,7 @@ _VIRTIO_OS_DEVICE_DIRS = ("net", "block")
 _UNKNOWN_SPEEDS = frozenset({"unknown", "unknown speed"})
 
 
-def is_bdf(name: str) -> bool:
-    return parse_bdf(name) is not None
-
-
-class AttrReader:
-    """Attribute reads for one probe run: each failure becomes a problem naming the path."""
-
-    def __init__(self, fs: HostFS, sb: StatusBuilder) -> None:
-        self.fs = fs
-        self.sb = sb
-        # Most functions share a handful of local_cpulist values; parse each text once.
-        self._cpus: dict[tuple[bool, str], Ids] = {}
-
-    def listdir(self, rel: str) -> list[str]:
-        try:
-            return self.fs.listdir(rel)
-        except HostReadError as exc:
-            self.sb.problem(exc)
-            return []
-
-    def int_attr(self, rel: str, base: int, default: int) -> int:
-        try:
-            return self.fs.read_int(rel, base)
-        except HostReadError as exc:
-            self.sb.problem(exc)
-            return default
-
-    def text(self, rel: str) -> str:
-        try:
-            return self.fs.read_attr(rel)
-        except HostReadError as exc:
-            self.sb.problem(exc)
-            return ""
-
-    def link_name(self, rel: str) -> str:
-        try:
-            return self.fs.readlink_name(rel)
-        except HostReadError as exc:
-            self.sb.problem(exc)
-            return ""
-
-    def cpus(self, rel: str, mask: bool) -> Ids:
-        try:
-            text = self.fs.read_record(rel)
-        except HostReadError as exc:
-            self.sb.problem(exc)
-            return ()
-        key = (mask, text)
-        cpus = self._cpus.get(key)
-        if cpus is None:
-            try:
-                cpus = parse_mask(text) if mask else parse_cpulist(text)
-            except CpuListError as exc:
-                self.sb.problem(HostReadError(rel, str(exc)))
-                return ()
-            self._cpus[key] = cpus
-        return cpus
-
-
 def probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
-    result: ProbeResult[SysPci] | None = None
-    try:
-        result = _probe(ctx)
-        return result
-    finally:
-        # Also when this probe raises: a vendor probe waiting on it then reads for itself. A bus
-        # with no functions (or none to read) is an answer too: scanning it again finds nothing.
-        if ctx.scope is not None:
-            ctx.scope.publish_pci(result.data.devices if result is not None else None)
-
-
-def _probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
     sb = StatusBuilder(SOURCE)
     if not ctx.sysfs_available:
         sb.unavailable("input is an hwloc XML export")

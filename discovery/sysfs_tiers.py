@@ -5,7 +5,7 @@ from __future__ import annotations
 from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.discovery.parts import KernelTier, SysTiers
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.discovery.sysfs_numa import dir_ids
+from memtopo.discovery.sysfs_read import dir_ids
 from memtopo.hostfs import HostReadError
 from memtopo.text import excerpt
 

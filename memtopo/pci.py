@@ -16,6 +16,10 @@ def parse_bdf(name: str) -> tuple[int, int, int, int] | None:
     return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
 
 
+def is_bdf(name: str) -> bool:
+    return parse_bdf(name) is not None
+
+
 def bdf_sort_key(bdf: str) -> tuple[int, ...]:
     """Numeric PCI order; anything that is not a BDF sorts last."""
     return parse_bdf(bdf) or (1 << 32,)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from memtopo.discovery import amd
+from memtopo.discovery import amd, presence
 from memtopo.discovery.amd import (
     KfdFormatError,
     KfdIoLink,
@@ -147,8 +147,10 @@ def test_mi300x_cpx_nps4_sixty_four_partitions(mi300x: Path) -> None:
 
 def _integrated(root: Path, monkeypatch: pytest.MonkeyPatch) -> object:
     from memtopo.discovery import discover
+    from memtopo.discovery.probes import ACCELERATORS, PROBES
 
-    monkeypatch.setattr(discover, "ACCELERATOR_PROBES", ((amd.SOURCE, amd.probe),))
+    only_amd = tuple(s for s in PROBES if s.part != ACCELERATORS or s.source == amd.SOURCE)
+    monkeypatch.setattr(discover, "PROBES", only_amd)
     return discover.discover(ProbeContext.at_root(root))
 
 
@@ -329,7 +331,7 @@ def _odd_entry(root: Path) -> None:
 
 
 GPU5 = f"{NODES}/5"
-SEEN5 = f"{amd.KFD_NODES}/5"  # the path as the probe reads it (through the class symlink)
+SEEN5 = f"{presence.KFD_NODES}/5"  # the path as the probe reads it (through the class symlink)
 PCI1 = "sys/devices/pci0001:02/0001:02:00.0"
 
 # (id, mutation, state, reason fragment, what must still hold)
@@ -341,7 +343,7 @@ FAULTS: list[tuple[str, Mutation, State, str, str]] = [
     ("gpu-properties-binary", _write(f"{GPU5}/properties", b"\xff\xfe\x00"), State.DEGRADED, "not UTF-8", "three"),
     ("gpu-properties-missing", _remove(f"{GPU5}/properties"), State.DEGRADED, "missing", "three"),
     ("cpu-properties-garbage", _write(f"{NODES}/1/properties", b"cpu_cores_count\n"), State.DEGRADED,
-     f"{amd.KFD_NODES}/1/properties", "gpu1-apu-by-id"),
+     f"{presence.KFD_NODES}/1/properties", "gpu1-apu-by-id"),
     ("mem-bank-garbage", _write(f"{GPU5}/mem_banks/0/properties", b"heap_type 1\n"), State.DEGRADED,
      "size_in_bytes", "gpu1-no-memory"),
     ("io-link-garbage", _write(f"{GPU5}/io_links/1/properties", b"type eleven\n"), State.DEGRADED,

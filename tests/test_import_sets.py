@@ -114,3 +114,20 @@ def test_apply_of_a_plan_with_a_fingerprint_discovers_to_compare_it(tmp_path: Pa
                         str(_pin_plan(tmp_path, fingerprint="0" * 64)))
     assert "memtopo.discovery.discover" in modules
     assert not loaded(modules, "grpc")
+
+
+VENDOR_PROBES = ("memtopo.discovery.amd", "memtopo.discovery.ascend", "memtopo.discovery.kunlunxin",
+                 "memtopo.discovery.nvidia", "memtopo.discovery.nvml_live", "memtopo.discovery.nvml_replay", "pynvml")
+
+
+@pytest.mark.parametrize("source", ["capture", "xml"])
+def test_topo_without_vendor_devices_imports_no_vendor_probe(source: str) -> None:
+    """A lab capture (no accelerators, no tool recordings, no NVML recording) and an XML export: every
+    vendor's presence check answers "absent" (discovery/presence.py), so its module is never loaded."""
+    from tests.fixtures import lab_root
+
+    where = ("--root", str(lab_root("single"))) if source == "capture" else (
+        "--hwloc-xml", str(HWLOC_XML / "nvidiaDGX2.xml"))
+    modules = loaded_by("topo", *where, "--format", "json")
+    assert "memtopo.discovery.probes" in modules and "memtopo.discovery.sysfs_pci" in modules
+    assert not [m for m in VENDOR_PROBES if m in modules]

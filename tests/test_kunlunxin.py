@@ -590,16 +590,16 @@ def test_probe_never_raises(host_root: Path, l_out: str, m_out: str, topo_out: s
         assert res.status.state is State.DEGRADED
 
 
-def test_in_a_discovery_the_pci_scan_is_the_pci_probes(host_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Within collect() the probe takes its PCI functions from what sysfs.pci published instead of
-    reading every function's vendor again, and reports the same devices as when it scans alone."""
+def test_given_the_pci_part_the_probe_reads_no_vendor_ids(host_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given sysfs.pci's part (as collect() passes it, discovery/probes.py) the probe takes the PCI
+    functions from it instead of reading every function's vendor again, and reports the same
+    devices as when it scans alone."""
     from memtopo.discovery import sysfs_pci
-    from memtopo.discovery.source import DiscoveryScope
 
     alone = kunlunxin.probe(ProbeContext.at_root(host_root)).data
-    scope = DiscoveryScope()
-    ctx = ProbeContext.at_root(host_root, scope=scope)
-    assert sysfs_pci.probe(ctx).status.state is State.OK
+    ctx = ProbeContext.at_root(host_root)
+    pci = sysfs_pci.probe(ctx)
+    assert pci.status.state is State.OK
     opened: list[str] = []
     real_read_int = type(ctx.fs).read_int
 
@@ -608,24 +608,25 @@ def test_in_a_discovery_the_pci_scan_is_the_pci_probes(host_root: Path, monkeypa
         return real_read_int(fs, rel, base)  # type: ignore[arg-type]
 
     monkeypatch.setattr(type(ctx.fs), "read_int", counting)
-    assert kunlunxin.probe(ctx).data == alone
+    assert kunlunxin.probe(ctx, pci).data == alone
     assert not [r for r in opened if r.endswith("/vendor")]
     assert len(alone.devices) == 8
 
 
 def test_when_the_pci_probe_fails_the_probe_scans_for_itself(host_root: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from memtopo.discovery import sysfs_pci
-    from memtopo.discovery.source import DiscoveryScope
+    """In a discovery whose sysfs.pci probe raised, kunlunxin still runs (its part is None) and
+    finds the devices by scanning the bus itself."""
+    from memtopo.discovery import discover, sysfs_pci
+    from memtopo.v1 import topology_pb2 as pb
 
     def broken(ctx: ProbeContext) -> object:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(sysfs_pci, "_probe", broken)
-    scope = DiscoveryScope()
-    monkeypatch.setattr(DiscoveryScope, "WAIT_S", 0.0)  # a missing publish would return None at once
-    ctx = ProbeContext.at_root(host_root, scope=scope)
-    with pytest.raises(RuntimeError):
-        sysfs_pci.probe(ctx)
-    assert scope._pci_ready.is_set() and scope.pci() is None
-    assert len(kunlunxin.probe(ctx).data.devices) == 8
+    monkeypatch.setattr(sysfs_pci, "probe", broken)
+    topo = discover.discover(ProbeContext.at_root(host_root))
+    states = {s.source: s for s in topo.sources}
+    assert states["sysfs.pci"].state == pb.SOURCE_STATE_DEGRADED
+    assert states["sysfs.pci"].reasons[0].startswith("probe failed: RuntimeError")
+    assert states["xpu-smi"].state == pb.SOURCE_STATE_OK
+    assert len([a for a in topo.accelerators if a.vendor == "Kunlunxin"]) == 8

@@ -104,3 +104,17 @@ def test_the_floors_are_found() -> None:
     """The walk follows memtopo/'s links to the top-level folders (a silent empty walk passes anything)."""
     floors = {floor_of(m) for m, _ in modules()}
     assert floors == set(ALLOWED)
+
+
+def test_no_probe_imports_another_probe() -> None:
+    """Probes are independent: what one needs from another comes in as an argument, scheduled from
+    the registry's declarations (discovery/probes.py), never by importing the other probe."""
+    from memtopo.discovery.probes import PROBES
+
+    probes = {spec.module for spec in PROBES}
+    paths = {module: path for module, path in modules() if module in probes}
+    assert set(paths) == probes  # every declared probe is a module of the package
+    crossings = [f"{path.relative_to(PACKAGE.parent)}:{line}: {module} imports the probe {target}"
+                 for module, path in sorted(paths.items()) for line, target in imports(module, path)
+                 if target in probes - {module}]
+    assert not crossings, "\n".join(crossings)

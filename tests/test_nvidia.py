@@ -22,20 +22,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memtopo.cpulist import parse_cpulist
-from memtopo.discovery import nvidia
+from memtopo.discovery import nvidia, presence, probes
 from memtopo.discovery.capture import open_root
 from memtopo.discovery.nvidia import (
-    CALLS,
     NumaStatus,
-    NvidiaParseError,
-    NvLinkPeer,
-    PynvmlApi,
     attribute_mig_placeholders,
     is_superchip_model,
     nvlink_topology,
     parse_numa_status,
-    parse_nvml_replay,
 )
+from memtopo.discovery.nvml import CALLS, NvidiaParseError, NvLinkPeer
+from memtopo.discovery.nvml_live import PynvmlApi
+from memtopo.discovery.nvml_replay import parse_nvml_replay
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from memtopo.pci import normalize_bdf
@@ -70,7 +68,8 @@ def roots() -> Iterator[dict[str, Path]]:
 
 def run(root: Path, **kw: Any) -> ProbeResult[AcceleratorPart]:
     api = kw.pop("api", None)
-    return nvidia.probe(ProbeContext.at_root(root, **kw), api=api)
+    result: ProbeResult[AcceleratorPart] = probes.run_alone(nvidia.SOURCE, ProbeContext.at_root(root, **kw), api=api)
+    return result
 
 
 def replay_doc(name: str) -> dict[str, Any]:
@@ -402,7 +401,7 @@ def test_no_library_and_no_procfs_is_unavailable(error: str, tmp_path: Path) -> 
     root = write_tree(tmp_path, {"sys/devices/system/node/online": "0"})
     res = run(root, api=pynvml_api("gh200", raise_on={"nvmlInit": error}))
     assert res.status.state is State.UNAVAILABLE
-    assert res.status.reasons == (f"no NVIDIA GPUs in {nvidia.PROC_GPUS} and NVML: nvmlInit: {error}",)
+    assert res.status.reasons == (f"no NVIDIA GPUs in {presence.PROC_GPUS} and NVML: nvmlInit: {error}",)
     assert res.data == AcceleratorPart()
 
 
@@ -416,7 +415,7 @@ def test_nvml_with_zero_devices_is_unavailable(tmp_path: Path) -> None:
 def test_gpu_in_procfs_but_not_in_nvml(roots: dict[str, Path]) -> None:
     res = run(roots["gh200"], api=PynvmlApi(loader=lambda: fake_pynvml({"devices": []})))
     assert res.status.state is State.DEGRADED
-    assert res.status.reasons == (f"GPU 0009:01:00.0 is in {nvidia.PROC_GPUS} but not in NVML",)
+    assert res.status.reasons == (f"GPU 0009:01:00.0 is in {presence.PROC_GPUS} but not in NVML",)
     _gh200_from_procfs_only(res.data)
 
 
@@ -522,7 +521,7 @@ def test_every_wrong_answer_degrades_naming_its_call(data: st.DataObject, key: s
 
 # ---- numa_status ---------------------------------------------------------------------------------------------
 def test_numa_status_real_files() -> None:
-    base = hwloc_root("nvidiagpunumanodes") / nvidia.PROC_GPUS
+    base = hwloc_root("nvidiagpunumanodes") / presence.PROC_GPUS
     got = parse_numa_status((base / "0035:05:00.0" / "numa_status").read_text())
     assert got == NumaStatus(250, "online", 0x40000000000, 0x3F0000000)
     assert got.online_node == 250
@@ -578,7 +577,7 @@ def test_garbage_numa_status_degrades(garbage: bytes, roots: dict[str, Path], tm
     root = tmp_path / "root"
     if not root.exists():
         copy_root(roots["gh200"], root)
-    rel = f"{nvidia.PROC_GPUS}/0009:01:00.0/numa_status"
+    rel = f"{presence.PROC_GPUS}/0009:01:00.0/numa_status"
     (root / rel).write_bytes(garbage)
     res = run(root)
     try:
@@ -672,7 +671,7 @@ def test_cdmm_tree_differs_only_where_the_notes_say() -> None:
     cdmm = tree(grace.host("gh200", cdmm=True))
     only_numa = set(numa_mode) - set(cdmm)
     assert {p for p in only_numa if not p.startswith(".memtopo/")} == {
-        f"{nvidia.PROC_GPUS}/0009:01:00.0/numa_status"}
+        f"{presence.PROC_GPUS}/0009:01:00.0/numa_status"}
     assert cdmm["sys/devices/system/node/has_memory"] == "0"
     assert numa_mode["sys/devices/system/node/has_memory"] == "0-1"
 
