@@ -209,7 +209,8 @@ def _check_rel(rel: str) -> str:
         raise PathEscapeError(rel.replace("\0", "\\0"), "NUL in path")
     if rel.startswith("/"):
         raise PathEscapeError(rel, "absolute path; paths are relative to the host root")
-    if any(p in ("", ".", "..") for p in rel.split("/")):
+    parts = rel.split("/")
+    if "" in parts or "." in parts or ".." in parts:  # list membership in C: runs once per write
         raise PathEscapeError(rel, "empty, '.' or '..' path component")
     return rel
 
@@ -234,6 +235,7 @@ class HostFiles:
         self._root_real = os.path.realpath(fs.root)
         self._writable: tuple[str, ...] = ()
         self._writable_real: tuple[str, ...] = ()
+        self._writable_match: tuple[tuple[str, str, str], ...] = ()
         self.allow_writes(writable)
 
     @property
@@ -247,6 +249,8 @@ class HostFiles:
             return  # every apply re-adds the same two; their resolution stands
         self._writable = tuple(dict.fromkeys((*self._writable, *new)))
         self._writable_real = tuple(os.path.realpath(os.path.join(self._root_real, p)) for p in self._writable)
+        self._writable_match = tuple((p, p.rstrip("/") + "/", real)
+                                     for p, real in zip(self._writable, self._writable_real, strict=True))
 
     # Reads: HostFS's error type, plus a bigger limit for files that grow with the machine.
     def read_text(self, rel: str) -> str:
@@ -321,10 +325,11 @@ class HostFiles:
         component is lstat'ed (cheaper than realpath's walk from /) and a symlink is followed and
         checked again."""
         _check_rel(rel)
-        found = next((i for i, p in enumerate(self._writable) if _inside(rel, p)), None)
-        if found is None:
+        # _inside(rel, prefix) for each prefix, with their "/"-terminated forms built once.
+        match = next((m for m in self._writable_match if rel == m[0] or rel.startswith(m[1])), None)
+        if match is None:
             raise PathEscapeError(rel, f"not below a writable prefix ({', '.join(self._writable) or 'none'})")
-        prefix, path = self._writable[found], self._writable_real[found]
+        prefix, _, path = match
         below = rel[len(prefix):].strip("/")
         comps = below.split("/") if below else []
         for i, comp in enumerate(comps):

@@ -52,7 +52,7 @@ root: ``apt-get install numactl`` here) and a raw ``migrate_pages(2)`` through c
 moves the pages once each way per round, sides interleaved. Throughput is what numa_maps says was
 on the source node before, divided by the time. Target: memtopo MB/s / baseline MB/s >= 0.9.
 
-    .venv/bin/python bench/apply.py [--repeat N] [--threads N] [--profile] [--phases]
+    .venv/bin/python bench/apply.py [--repeat N] [--threads N] [--irqs N] [--profile] [--phases]
     .venv/bin/python bench/apply.py --lab [--repeat N] [--mib N]
 """
 
@@ -724,9 +724,13 @@ def migration_lab(repeat: int, mib: int) -> int:
 
 
 def main() -> int:
+    global N_IRQS
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1000)
+    parser.add_argument("--irqs", type=int, default=N_IRQS,
+                        help="IRQ actions in the plan (context: how the ratio scales with one-file actions; "
+                             "the target is for the default)")
     parser.add_argument("--profile", action="store_true", help="also cProfile the engine's apply path")
     parser.add_argument("--phases", action="store_true", help="also time the floor's and the engine's steps")
     parser.add_argument("--lab", action="store_true", help="the migration benchmark, in the numa-vm lab")
@@ -737,6 +741,10 @@ def main() -> int:
         return migration_inner(args.repeat, args.mib)
     if args.lab:
         return migration_lab(args.repeat, args.mib)
+    if args.irqs != N_IRQS:
+        if not 0 <= args.irqs <= 1000:
+            parser.error("--irqs: 0 to 1000")
+        N_IRQS = args.irqs
     return pinning(args.repeat, args.threads, args.profile, args.phases)
 
 
