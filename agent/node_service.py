@@ -138,8 +138,10 @@ class NodeAgentService:
         current_for_client = (request.agent_instance_id == state.instance_id
                               and request.generation == cur.generation
                               and request.fingerprint == cur.fingerprint)
-        await self._send(context, cur.event_bytes(state.instance_id, kind="unchanged" if current_for_client else ""))
+        # Counted before the send: the client may see the snapshot and a rescan may finish while the
+        # send is still returning here, and that rescan must not go untold.
         sent, rescans = cur.generation, state.rescans
+        await self._send(context, cur.event_bytes(state.instance_id, kind="unchanged" if current_for_client else ""))
         while True:
             nxt = await state.wait_change(sent, self.heartbeat_seconds, after_rescans=rescans)
             if state.closing:

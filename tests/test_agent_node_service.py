@@ -87,6 +87,33 @@ async def _next(stream: AsyncIterator[apb.TopologyEvent]) -> apb.TopologyEvent:
     return await asyncio.wait_for(anext(stream), 30)
 
 
+def test_a_rescan_finishing_while_the_first_snapshot_is_sent_is_still_told(tmp_path: Path) -> None:
+    """A watcher that gets its snapshot and sends SIGHUP at once: the rescan can finish before the
+    server's send of that snapshot has returned. Replayed here deterministically by publishing from
+    inside the first send; the watcher must still get its "unchanged" event (not wait for a beat)."""
+    async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
+        state.publish(topo("n1", "a"))
+        stream = events(stub, apb.WatchTopologyRequest())
+        assert (await _next(stream)).WhichOneof("event") == "snapshot"
+        again = await _next(stream)
+        assert (again.WhichOneof("event"), again.generation) == ("unchanged", 1)
+
+    original = NodeAgentService._send
+    sends = 0
+
+    async def send_then_rescan(self: NodeAgentService, context: grpc.aio.ServicerContext[bytes, bytes],
+                               data: bytes) -> None:
+        nonlocal sends
+        await original(self, context, data)
+        sends += 1
+        if sends == 1:
+            assert self.state.publish(topo("n1", "a")) is None
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(NodeAgentService, "_send", send_then_rescan)
+        run(tmp_path, body, heartbeat=300.0)
+
+
 def test_watch_sends_the_snapshot_then_each_new_generation(tmp_path: Path) -> None:
     async def body(stub: NodeAgentAsyncStub, state: TopologyState, m: fk.FakeMachine) -> None:
         state.publish(topo("n1", "a"))
