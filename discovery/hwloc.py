@@ -25,7 +25,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import cache, lru_cache, partial
 from typing import Any
 
@@ -42,6 +41,7 @@ from memtopo.discovery.parts import (
 )
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.hostfs import MAX_TREE_FILE_BYTES
+from memtopo.model import frozen
 from memtopo.text import excerpt
 
 SOURCE = "hwloc"
@@ -275,7 +275,7 @@ def _api() -> _Api:
 
 
 # ---- loading ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class _Input:
     kind: str  # xml | live | fsroot
     path: str
