@@ -192,10 +192,21 @@ def _unexecuted_pyhwloc() -> None:
     package = importlib.util.module_from_spec(spec)
     loader = spec.loader
 
+    # Another thread asking meanwhile waits for __init__ to finish; __init__'s own lookups of names it
+    # has not defined yet (``from . import x``) get the AttributeError that imports the submodule.
+    once = threading.RLock()
+    started: list[bool] = []
+
     def run_init(name: str) -> object:
-        del package.__getattr__
-        loader.exec_module(package)
-        return getattr(package, name)
+        with once:
+            if not started:
+                started.append(True)
+                loader.exec_module(package)
+                del package.__getattr__
+        try:
+            return vars(package)[name]
+        except KeyError:
+            raise AttributeError(f"module 'pyhwloc' has no attribute {name!r}") from None
 
     package.__getattr__ = run_init  # type: ignore[method-assign]
     sys.modules["pyhwloc"] = package
