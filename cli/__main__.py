@@ -1,5 +1,5 @@
 """``python -m memtopo.cli`` = ``memtopo``."""
 
-from memtopo.cli.main import main
+from memtopo.cli.main import run
 
-raise SystemExit(main())
+run()

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from typing import NamedTuple
 
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, HwlocOsDevice, HwlocPart, HwlocPci, Ids, PciInfo
 from memtopo.discovery.pci_ids import classify
+from memtopo.model import frozen, mutable
 from memtopo.pci import bdf_sort_key
 from memtopo.v1 import topology_pb2 as pb
 
@@ -43,7 +44,7 @@ _MODEL_KEYS = ("GPUModel", "AMDProductName", "CoProcModel", "VectorEngineModel",
 _UUID_KEYS = ("NVIDIAUUID", "AMDUUID", "AMDSerialNumber", "VectorEngineSerialNumber", "UUID")
 
 
-@dataclass
+@mutable
 class Record:
     """One accelerator while assembling; becomes an ``Accelerator`` message."""
 
@@ -104,7 +105,7 @@ def _ordered(x: str, y: str) -> tuple[str, str]:
     return (x, y) if x < y else (y, x)
 
 
-@dataclass(frozen=True)
+@frozen
 class Fabric:
     """A switched fabric: every pair of ``members`` linked the same way (see AcceleratorGroup)."""
 
@@ -115,7 +116,7 @@ class Fabric:
     source: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Accelerators:
     records: tuple[Record, ...]
     links: tuple[Link, ...]

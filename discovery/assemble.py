@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 
 from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
@@ -43,6 +43,7 @@ from memtopo.discovery.parts import (
     SysTiers,
 )
 from memtopo.discovery.source import ProbeResult, SourceStatus, State
+from memtopo.model import frozen, mutable
 from memtopo.v1 import topology_pb2 as pb
 
 # hwloc's own rule for calling memory HBM from bandwidth: more than twice the DRAM figure.
@@ -71,7 +72,7 @@ _KIND = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class Parts:
     """Every probe's result; a probe that did not run is None."""
 
@@ -94,7 +95,7 @@ def _data[T](result: ProbeResult[T] | None) -> T | None:
     return result.data
 
 
-@dataclass
+@mutable
 class _Node:
     """Working record for one NUMA node while assembling."""
 

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-import lzma
 import os
 import signal
-import tarfile
-import tempfile
 import threading
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memtopo.hostfs import MAX_TREE_FILE_BYTES
 from memtopo.text import excerpt
+
+if TYPE_CHECKING:
+    import tarfile
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
@@ -57,6 +57,11 @@ def extract(tarball: Path, dest: Path) -> Path:
     """Extract safely, member by member: tarfile's "data" filter (no absolute paths, no escapes,
     no devices), and a bound on the member count, each member's and the total size, and the depth
     and length of names. A truncated or corrupt archive is a CaptureError like any other."""
+    # Here, not at the top: `topo` on the live host imports this module and never opens an archive.
+    import lzma
+    import tarfile
+    import zlib
+
     def checked(tf: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         total = 0
         for members, member in enumerate(tf, 1):
@@ -120,6 +125,8 @@ def open_root(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise CaptureError(f"{p}: no such file or directory")
     if not is_tarball(p):
         raise CaptureError(f"{p}: neither a directory nor a tar archive ({', '.join(TAR_SUFFIXES)})")
+    import tempfile
+
     with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="memtopo-root-") as tmp:
         yield extract(p, Path(tmp))
 
@@ -184,6 +191,8 @@ def gather(out: Path, root: Path = Path("/"), recorded: Mapping[str, str] | None
     Unreadable attributes are skipped: a capture is for reading back, and an attribute the host
     refuses to give (EIO, EACCES, write-only) is absent in the capture as it is to any reader.
     """
+    import tarfile
+
     count = 0
     seen: set[str] = set()
     with _open_for_writing(out) as tf:
@@ -207,6 +216,8 @@ def gather(out: Path, root: Path = Path("/"), recorded: Mapping[str, str] | None
 
 
 def _open_for_writing(out: Path) -> tarfile.TarFile:
+    import tarfile
+
     if out.name.endswith((".gz", ".tgz")):
         return tarfile.open(out, "w:gz")
     if out.name.endswith((".xz", ".txz")):
@@ -276,6 +287,8 @@ def _cgroup_dirs(root: Path) -> list[str]:
 
 
 def _add_entry(tf: tarfile.TarFile, root: Path, rel: str) -> bool:
+    import tarfile
+
     full = root / rel
     info = tarfile.TarInfo(rel)
     info.mtime = 0

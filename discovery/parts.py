@@ -7,15 +7,17 @@ bytes, bandwidth MB/s, latency ns; 0 in a performance figure means unknown.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import NamedTuple
+
+from memtopo.model import frozen
 
 Ids = tuple[int, ...]
 
 
 # ---- sysfs NUMA (/sys/devices/system/node, /sys/devices/system/cpu) ------------------------------
-@dataclass(frozen=True)
+@frozen
 class HmatAccess:
     """One accessK/initiators directory of a target node: its best initiators and their figures."""
 
@@ -32,7 +34,7 @@ class HmatAccess:
                     self.read_latency_ns, self.write_latency_ns))
 
 
-@dataclass(frozen=True)
+@frozen
 class SideCache:
     level: int
     size_bytes: int
@@ -41,7 +43,7 @@ class SideCache:
     write_policy: int
 
 
-@dataclass(frozen=True)
+@frozen
 class SysNode:
     id: int
     cpus: Ids
@@ -55,7 +57,7 @@ class SysNode:
     hugepages_bytes: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class SysNuma:
     # None when the mask file is absent (old kernels, non-NUMA kernels).
     possible: Ids | None
@@ -74,20 +76,20 @@ class SysNuma:
 
 
 # ---- kernel memory tiers (/sys/devices/virtual/memory_tiering) -----------------------------------
-@dataclass(frozen=True)
+@frozen
 class KernelTier:
     id: int
     nodes: Ids
 
 
-@dataclass(frozen=True)
+@frozen
 class SysTiers:
     tiers: tuple[KernelTier, ...]
     demotion_enabled: bool | None
 
 
 # ---- CXL bus and DAX (/sys/bus/cxl/devices, /sys/bus/dax/devices) --------------------------------
-@dataclass(frozen=True)
+@frozen
 class CxlDecoderInfo:
     name: str
     kind: str  # root | switch | endpoint
@@ -102,7 +104,7 @@ class CxlDecoderInfo:
     cap_pmem: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class CxlMemdevInfo:
     name: str
     serial: int
@@ -115,7 +117,7 @@ class CxlMemdevInfo:
     decoders: tuple[CxlDecoderInfo, ...]  # its endpoint decoders
 
 
-@dataclass(frozen=True)
+@frozen
 class CxlRegionInfo:
     name: str
     size_bytes: int
@@ -129,7 +131,7 @@ class CxlRegionInfo:
     root_decoder: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class DaxInfo:
     name: str
     target_node: int  # -1 when none
@@ -141,7 +143,7 @@ class DaxInfo:
     parent_kind: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class SysCxl:
     memdevs: tuple[CxlMemdevInfo, ...]
     regions: tuple[CxlRegionInfo, ...]
@@ -150,7 +152,7 @@ class SysCxl:
 
 
 # ---- PCI (/sys/bus/pci/devices, /sys/bus/mdev/devices) --------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class MdevInfo:
     uuid: str
     mdev_type: str
@@ -158,7 +160,7 @@ class MdevInfo:
     numa_node: int
 
 
-@dataclass(frozen=True)
+@frozen
 class PciInfo:
     bdf: str
     vendor_id: int
@@ -186,13 +188,13 @@ class PciInfo:
     upstream: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class SysPci:
     devices: tuple[PciInfo, ...]
 
 
 # ---- allowed CPUs / memory nodes (/proc/self/status, cgroup cpuset) -------------------------------
-@dataclass(frozen=True)
+@frozen
 class Allowed:
     cpus: Ids
     mems: Ids
@@ -203,7 +205,7 @@ class Allowed:
 
 
 # ---- host identity ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class Identity:
     node_name: str
     machine_id: str
@@ -211,7 +213,7 @@ class Identity:
 
 
 # ---- hwloc ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class HwlocNode:
     os_index: int
     subtype: str
@@ -222,7 +224,7 @@ class HwlocNode:
     info: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@frozen
 class HwlocMemattrValue:
     """One memattr value for a target node: from an initiator cpuset, or from an object."""
 
@@ -233,7 +235,7 @@ class HwlocMemattrValue:
     initiator_object: str | None = None  # e.g. "NUMANode#2", "PU#7", "Group#2"
 
 
-@dataclass(frozen=True)
+@frozen
 class HwlocDistances:
     name: str
     kind: int
@@ -241,7 +243,7 @@ class HwlocDistances:
     matrix: tuple[tuple[int, ...], ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class HwlocObjectDistances:
     """A matrix over objects other than NUMA nodes (NVLinkBandwidth over GPUs, NVSwitches and
     packages). Labels: an OS device's name (``nvml3``), else ``<Type>#<os_index>`` (``Package#0``),
@@ -278,13 +280,13 @@ class HwlocPci(NamedTuple):
     upstream: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class HwlocPackage:
     os_index: int
     cpus: Ids
 
 
-@dataclass(frozen=True)
+@frozen
 class HwlocPart:
     version: str
     nodes: tuple[HwlocNode, ...]
@@ -304,7 +306,7 @@ class HwlocPart:
 
 
 # ---- accelerators (NVML, KFD, npu-smi, xpu-smi) ----------------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class AccelDevice:
     """One accelerator as its vendor source reports it. Unknown strings are "", unknown ints 0."""
 
@@ -329,7 +331,7 @@ class AccelDevice:
     attributes: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@frozen
 class AccelLink:
     """A direct link between two accelerators of one part (by index), in the vendor tool's words."""
 
@@ -342,7 +344,7 @@ class AccelLink:
     bandwidth_mbps: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class AcceleratorPart:
     devices: tuple[AccelDevice, ...] = ()
     links: tuple[AccelLink, ...] = ()

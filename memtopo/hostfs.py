@@ -22,10 +22,10 @@ import stat
 import struct
 import threading
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 
 from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
+from memtopo.model import frozen
 from memtopo.text import excerpt
 
 # A text file (/proc/self/mountinfo, a node's meminfo, a distance row of a 1024-node machine).
@@ -164,7 +164,7 @@ def _walk(root_fd: int, rel: str, flags: int) -> tuple[int, list[str]]:
             os.close(fd)
 
 
-@dataclass(frozen=True)
+@frozen
 class HostFS:
     """A filesystem root ("/" on the live host, or a captured tree)."""
 

@@ -3,15 +3,14 @@ Read by discovery (the agent's own allowed CPUs) and by apply (the cpuset a plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memtopo.hostfs import HostFS, HostReadError
+from memtopo.model import frozen
 
 MOUNTINFO = "proc/self/mountinfo"
 MOUNTS = "proc/mounts"
 
 
-@dataclass(frozen=True)
+@frozen
 class Mount:
     mount_point: str  # host-absolute
     root: str  # the hierarchy path mounted there ("/" unless bind-mounted or namespaced)
@@ -62,7 +61,7 @@ def unescape(field: str) -> str:
     return field
 
 
-@dataclass(frozen=True)
+@frozen
 class ProcCgroups:
     """A process's cgroup paths from ``/proc/PID/cgroup``: the v1 cpuset line and the v2 line."""
 

@@ -6,21 +6,20 @@ no stdin, and a timeout. Failures come back as a :class:`ToolResult` with a reas
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from memtopo.hostfs import HostFS, HostReadError
+from memtopo.model import frozen
 
 DEFAULT_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True)
+@frozen
 class ToolResult:
     argv: tuple[str, ...]
     returncode: int | None
@@ -38,7 +37,7 @@ class Runner(Protocol):
     def run(self, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult: ...
 
 
-@dataclass(frozen=True)
+@frozen
 class SubprocessRunner:
     """Runs the real tool."""
 
@@ -51,6 +50,9 @@ class SubprocessRunner:
         exe = shutil.which(args[0])
         if exe is None:
             return ToolResult(args, None, "", failure=f"{args[0]}: not found")
+        # Here, not at the top: most discoveries find no vendor tool to run.
+        import subprocess
+
         env = {**os.environ, **self.extra_env, "LC_ALL": "C", "LANG": "C"}
         try:
             proc = subprocess.run(
@@ -78,7 +80,7 @@ RECORDED_TOOLS_DIR = ".memtopo/tools"
 MAX_RECORDING_BYTES = 16 << 20
 
 
-@dataclass(frozen=True)
+@frozen
 class RecordedRunner:
     """Replays recorded outputs keyed by argv; an unknown argv behaves like a missing tool."""
 
@@ -98,6 +100,8 @@ class RecordedRunner:
     @classmethod
     def from_fs(cls, fs: HostFS, rel: str) -> RecordedRunner:
         """As from_dir, for the directory ``rel`` of a root, every file read inside the root."""
+        import json
+
         base = f"{rel}/" if rel else ""
         try:
             index = json.loads(fs.read_bytes(f"{base}argv.json", MAX_RECORDING_BYTES)) \

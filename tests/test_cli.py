@@ -138,3 +138,25 @@ def test_gather_keeps_what_the_probes_read(tmp_path: Path) -> None:
         assert needed in names
     assert not any(os.path.basename(n) in ("remove", "rescan", "reset") for n in names)
     assert not any(n.startswith(("/", "..")) for n in names)
+
+
+def test_topo_process_writes_its_whole_output_before_its_quick_exit() -> None:
+    """`topo` ends without the interpreter's teardown: what it wrote to a pipe still arrives whole,
+    a short text that sits in the stream's buffer as well as a JSON document larger than it, with the
+    same exit status and error line as before."""
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+    def topo(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*MEMTOPO, "topo", *args], capture_output=True, text=True, cwd=REPO, env=buffered,
+                              check=False)
+
+    text = topo("--hwloc-xml", str(HWLOC_XML / "8intel64-4n2t-memattrs.xml"))
+    assert text.returncode == 0, text.stderr
+    assert 0 < len(text.stdout) < 8192 and text.stdout.endswith("\n")
+    assert "total capacity 4.0 GiB in 4 domain(s)" in text.stdout
+    res = topo("--hwloc-xml", str(HWLOC_XML / "nvidiaDGX2.xml"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout) > 16384 and json.loads(res.stdout)["sources"]
+    bad = topo("--root", "/nonexistent/root")
+    assert bad.returncode == 2
+    assert bad.stderr == "memtopo: /nonexistent/root: no such file or directory\n"
