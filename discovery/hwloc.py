@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import importlib.util
 import os
 import stat
 import struct
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -176,47 +174,10 @@ def _distances_view(core: Any) -> type[ctypes.Structure]:
     ], ctypes.sizeof(d))
 
 
-def _unexecuted_pyhwloc() -> None:
-    """Put the ``pyhwloc`` package in ``sys.modules`` without running its ``__init__`` yet.
-
-    That ``__init__`` imports pyhwloc's object API (Topology, Object, Bitmap wrappers: about half of
-    pyhwloc's import time), which discovery does not use; importing ``pyhwloc.hwloc.core`` would run
-    it first. The package runs its ``__init__`` the first time anyone asks it for a name
-    (``from pyhwloc import Topology``, ``pyhwloc.from_xml_file``), so other users see the whole package.
-    """
-    if "pyhwloc" in sys.modules:
-        return
-    spec = importlib.util.find_spec("pyhwloc")
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return  # not installed: the import below says so
-    package = importlib.util.module_from_spec(spec)
-    loader = spec.loader
-
-    # Another thread asking meanwhile waits for __init__ to finish; __init__'s own lookups of names it
-    # has not defined yet (``from . import x``) get the AttributeError that imports the submodule.
-    once = threading.RLock()
-    started: list[bool] = []
-
-    def run_init(name: str) -> object:
-        with once:
-            if not started:
-                started.append(True)
-                loader.exec_module(package)
-                del package.__getattr__
-        try:
-            return vars(package)[name]
-        except KeyError:
-            raise AttributeError(f"module 'pyhwloc' has no attribute {name!r}") from None
-
-    package.__getattr__ = run_init  # type: ignore[method-assign]
-    sys.modules["pyhwloc"] = package
-
-
 class _Api:
     """The pieces of pyhwloc's ctypes layer we use, resolved once per process."""
 
     def __init__(self) -> None:
-        _unexecuted_pyhwloc()
         # pyhwloc raises RuntimeError (not ImportError) when the library's API version is wrong.
         from pyhwloc.hwloc import core
         from pyhwloc.hwloc import lib as hwlib

@@ -916,32 +916,3 @@ def test_a_live_load_beside_plugin_free_ones_still_gets_its_plugins(monkeypatch:
         t.join()
     live = [plugins for kind, plugins in seen[1:] if kind == "live"]
     assert len(live) == 18 and all(plugins == host_plugins for plugins in live)
-
-
-_WHOLE_PYHWLOC_AFTER_PROBE = r"""
-import sys, threading
-from memtopo.discovery import hwloc
-from memtopo.discovery.source import ProbeContext
-hwloc.probe(ProbeContext.at_root("/", hwloc_xml=sys.argv[1]))
-assert "pyhwloc.topology" not in sys.modules  # the probe left the object API unloaded
-import pyhwloc
-seen = []
-threads = [threading.Thread(target=lambda: seen.append(pyhwloc.Topology)) for _ in range(6)]
-for t in threads: t.start()
-for t in threads: t.join()
-from pyhwloc import from_xml_file
-from pyhwloc.topology import TopologyFlags
-print(len(seen), len(set(seen)), seen[0].__name__, callable(from_xml_file), hasattr(pyhwloc, "no_such_name"))
-"""
-
-
-def test_pyhwloc_is_whole_for_its_other_users_after_the_probe() -> None:
-    """The probe imports pyhwloc's ctypes layer without running the package's __init__; anyone asking
-    the package for a name afterwards (several threads at once included) gets the whole package."""
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-c", _WHOLE_PYHWLOC_AFTER_PROBE, str(HWLOC_XML / "nvidiaDGX2.xml")],
-                         capture_output=True, text=True, check=False, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split() == ["6", "1", "Topology", "True", "False"]
