@@ -17,12 +17,11 @@ from __future__ import annotations
 from memtopo.apply.checks import TopologyFacts
 from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.hostfs import HostFS, HostReadError
+from memtopo.hostinfo import HOSTNAME_FILES, STATUS, allowed_lists, first_value
 from memtopo.v1 import plan_pb2 as planpb
 
 CPU_ONLINE = "sys/devices/system/cpu/online"
 NODE_DIR = "sys/devices/system/node"
-STATUS = "proc/self/status"
-HOSTNAME_FILES = ("proc/sys/kernel/hostname", "etc/hostname")
 
 
 def needs_discovery(plan: planpb.BindingPlan) -> bool:
@@ -62,26 +61,9 @@ def read_facts(fs: HostFS) -> TopologyFacts | None:
     allowed = (cpus_allowed & online_cpus) if cpus_allowed is not None else online_cpus
     allowed_mems = (mems_allowed & memory) if mems_allowed is not None else memory
     return TopologyFacts(online_cpus, allowed or online_cpus, nodes, online_nodes, memory, allowed_mems or memory,
-                         frozenset(), "", _node_name(fs))
+                         frozenset(), "", first_value(fs, HOSTNAME_FILES)[0])
 
 
 def _status(fs: HostFS) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-    found: dict[str, frozenset[int]] = {}
-    for line in fs.read_text(STATUS).split("\n"):
-        key, sep, value = line.partition(":")
-        if sep and key in ("Cpus_allowed_list", "Mems_allowed_list"):
-            found[key] = frozenset(parse_cpulist(value))
+    found = {key: frozenset(parse_cpulist(value)) for key, value in allowed_lists(fs.read_text(STATUS)).items()}
     return found.get("Cpus_allowed_list"), found.get("Mems_allowed_list")
-
-
-def _node_name(fs: HostFS) -> str:
-    for rel in HOSTNAME_FILES:
-        try:
-            text = fs.read_text(rel)
-        except HostReadError:
-            continue
-        # hostname(5): lines starting with "#" are comments; the name is the first other line.
-        name = next((ln.strip() for ln in text.split("\n") if ln.strip() and not ln.lstrip().startswith("#")), "")
-        if name:
-            return name
-    return ""

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from memtopo.discovery.parts import Identity
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.hostfs import HostReadError
+from memtopo.hostinfo import BOOT_ID_FILES, HOSTNAME_FILES, MACHINE_ID_FILES, first_value
 
 SOURCE = "host.identity"
-
-# First readable non-empty file wins. The proc entries reflect the running kernel (and the UTS
-# namespace); the /etc files are what a capture or a minimal container may have instead.
-HOSTNAME_FILES = ("proc/sys/kernel/hostname", "etc/hostname")
-MACHINE_ID_FILES = ("etc/machine-id", "var/lib/dbus/machine-id")
-BOOT_ID_FILES = ("proc/sys/kernel/random/boot_id",)
 
 
 def probe(ctx: ProbeContext) -> ProbeResult[Identity]:
@@ -29,18 +23,7 @@ def probe(ctx: ProbeContext) -> ProbeResult[Identity]:
 
 
 def _first(ctx: ProbeContext, sb: StatusBuilder, what: str, candidates: tuple[str, ...]) -> str:
-    failures: list[str] = []
-    for rel in candidates:
-        try:
-            text = ctx.fs.read_text(rel)
-            # hostname(5): lines starting with "#" are comments; the name is the first other line.
-            value = next((ln.strip() for ln in text.split("\n")
-                          if ln.strip() and not ln.lstrip().startswith("#")), "")
-        except HostReadError as exc:
-            failures.append(str(exc))
-            continue
-        if value and value.isprintable():
-            return value
-        failures.append(f"{rel}: empty or not printable")
-    sb.problem(f"no {what}: " + "; ".join(failures))
-    return ""
+    value, failures = first_value(ctx.fs, candidates)
+    if failures:
+        sb.problem(f"no {what}: " + "; ".join(failures))
+    return value

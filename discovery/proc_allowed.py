@@ -10,11 +10,11 @@ from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.discovery.parts import Allowed, Ids
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.hostfs import HostReadError
+from memtopo.hostinfo import ALLOWED_KEYS, STATUS, allowed_lists
 from memtopo.mounts import Mount, cgroup_mounts, parse_proc_cgroup
 
 SOURCE = "proc.allowed"
 
-STATUS = "proc/self/status"
 CGROUP = "proc/self/cgroup"
 # Legacy single-line cpuset path; the only cgroup file some captures (hwloc's) have.
 SELF_CPUSET = "proc/self/cpuset"
@@ -70,19 +70,16 @@ def _status(ctx: ProbeContext, sb: StatusBuilder) -> tuple[Ids | None, Ids | Non
     except HostReadError as exc:
         sb.problem(exc)
         return None, None
-    found: dict[str, Ids | None] = {"Cpus_allowed_list": None, "Mems_allowed_list": None}
-    seen: set[str] = set()
-    for line in text.split("\n"):
-        key, sep, value = line.partition(":")
-        if not sep or key not in found:
+    listed = allowed_lists(text)
+    found: dict[str, Ids | None] = dict.fromkeys(ALLOWED_KEYS)
+    for key in ALLOWED_KEYS:
+        if key not in listed:
+            sb.problem(HostReadError(STATUS, f"no {key} line"))
             continue
-        seen.add(key)
         try:
-            found[key] = _parse_list(STATUS, value)
+            found[key] = _parse_list(STATUS, listed[key])
         except HostReadError as exc:
             sb.problem(HostReadError(STATUS, f"{key}: {exc.reason}"))
-    for key in found.keys() - seen:
-        sb.problem(HostReadError(STATUS, f"no {key} line"))
     return found["Cpus_allowed_list"], found["Mems_allowed_list"]
 
 

@@ -59,6 +59,23 @@ def test_the_stand_in_root_reads_as_expected(tmp_path: Path) -> None:
                                 frozenset({0, 1}), frozenset({0, 1}), frozenset(), "", "node-a")
 
 
+@pytest.mark.parametrize("hostname", ["node\x07bell\n", "\n\n", "# only a comment\n"])
+def test_the_node_name_is_the_identity_probes_even_for_an_unusable_hostname(tmp_path: Path, hostname: str) -> None:
+    """A control character or no name at all in proc's hostname: both readers go on to /etc/hostname
+    (absent here, so no name), as the identity probe always did."""
+    from memtopo.discovery import identity
+
+    root = _small_root(tmp_path)
+    (root / "proc/sys/kernel/hostname").write_text(hostname)
+    got = read_facts(HostFS(root))
+    assert got is not None
+    assert got.node_name == identity.probe(ProbeContext.at_root(root)).data.node_name == ""
+    (root / "etc").mkdir()
+    (root / "etc/hostname").write_text("node-b\n")
+    got = read_facts(HostFS(root))
+    assert got is not None and got.node_name == "node-b"
+
+
 def test_a_plan_with_a_fingerprint_or_a_memory_policy_needs_discovery(tmp_path: Path) -> None:
     fs = HostFS(lab_root("dual-socket-cxl"))
     pin = plan("p", threads("t", 100, [0], all=True))
