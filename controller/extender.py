@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ import structlog
 from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.kubeapi import KubeApiError, PodApi
 from memtopo.controller.state import ControllerState
+from memtopo.k8s import quantity
+from memtopo.k8s.resources import AMD_GPU, ASCEND_910, KUNLUNXIN_XPU, NVIDIA_GPU, XPU_DEVICE_ANNOTATION
 from memtopo.planner import fleet as fleet_policies
 from memtopo.planner import hccs, place, xpu
 from memtopo.planner.errors import PlanError
@@ -51,9 +52,9 @@ PREFIX: Final = "/scheduler/"
 VERBS: Final = ("filter", "prioritize", "bind")
 MAX_EXTENDER_PRIORITY: Final = 10  # k8s.io/kube-scheduler/extender/v1.MaxExtenderPriority
 
-NPU_RESOURCE: Final = "huawei.com/Ascend910"
-XPU_RESOURCE: Final = "kunlunxin.com/xpu"
-GPU_RESOURCES: Final = ("nvidia.com/gpu", "amd.com/gpu")
+NPU_RESOURCE: Final = ASCEND_910
+XPU_RESOURCE: Final = KUNLUNXIN_XPU
+GPU_RESOURCES: Final = (NVIDIA_GPU, AMD_GPU)
 ANNOTATION_PREFIX: Final = "memtopo.io/"
 POLICY_ANNOTATION: Final = "memtopo.io/policy"
 WORKLOAD_ANNOTATION: Final = "memtopo.io/workload"
@@ -63,7 +64,7 @@ ALLOW_CXL_ANNOTATION: Final = "memtopo.io/allow-cxl"
 ALLOCATION_ANNOTATION: Final = "memtopo.io/allocation"
 # Written by bind for a place pod: the node's decision (CPUs, GPUs, memory nodes, memory policy).
 PLACEMENT_ANNOTATION: Final = "memtopo.io/placement"
-XPU_ANNOTATION: Final = "BAIDU_COM_DEVICE_IDX"
+XPU_ANNOTATION: Final = XPU_DEVICE_ANNOTATION
 POD_SIZES: Final = (1, 2, 4, 8)
 MAX_NAME: Final = 253
 GIB: Final = 1 << 30
@@ -86,34 +87,13 @@ def _excerpt(value: object, limit: int = 60) -> str:
 
 
 # ---- the pod -----------------------------------------------------------------------------------------
-_QUANTITY = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?")
-_SUFFIX: Final[Mapping[str, Fraction]] = {
-    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-    "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(1 << 10), "Mi": Fraction(1 << 20), "Gi": Fraction(1 << 30), "Ti": Fraction(1 << 40),
-    "Pi": Fraction(1 << 50), "Ei": Fraction(1 << 60),
-}
-
-
 def parse_quantity(value: object) -> Fraction:
     """A Kubernetes resource quantity (``500m``, ``2``, ``64Gi``, ``1e3``) → its exact value;
     ExtenderError for anything else (negative quantities included)."""
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ExtenderError("invalid_pod", f"resource quantity {_excerpt(value)} is not a string")
-    text = str(value)
-    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
-    if match is None or match.group(1) == "-":
-        raise ExtenderError("invalid_pod", f"resource quantity {_excerpt(text)!r} is not a Kubernetes quantity")
-    number = Fraction(match.group(2))
-    exponent = int(match.group(3) or 0)
-    # Kubernetes keeps quantities within int64 (scale at most Exa); beyond that is not a request.
-    if abs(exponent) > 18:
-        raise ExtenderError("invalid_pod", f"resource quantity {_excerpt(text)!r} is out of range")
-    number *= Fraction(10) ** exponent * _SUFFIX[match.group(4) or ""]
-    if number >= 1 << 63:
-        raise ExtenderError("invalid_pod", f"resource quantity {_excerpt(text)!r} is out of range")
-    return number
+    try:
+        return quantity.parse_nonnegative(value)
+    except quantity.QuantityError as exc:
+        raise ExtenderError("invalid_pod", f"resource quantity {exc}") from None
 
 
 def _obj(value: object, what: str) -> Mapping[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,16 +18,10 @@ from memtopo.cpulist import CpuListError, parse_cpulist
 from memtopo.hostfs import HostFS, HostReadError
 from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS
 from memtopo.k8s.facts import KubeletFacts
-from memtopo.k8s.nrt import hugepage_resource
+from memtopo.k8s.quantity import QuantityError, parse_bytes
+from memtopo.k8s.resources import hugepage_resource
 
 MAX_CONFIG_BYTES = 1 << 20
-_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))((?:[KMGTPE]i)|[numkMGTPE]|(?:[eE][+-]?[0-9]+))?")
-_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
-_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-# Quantities beyond this are not memory sizes (and would make exponent parsing unbounded).
-_MAX_QUANTITY = 1 << 70
-
-
 class KubeletConfigError(ValueError):
     """A value in the kubelet configuration memtopo cannot use."""
 
@@ -40,34 +33,10 @@ def _show(value: object, limit: int = 40) -> str:
 
 def parse_quantity(value: object) -> int:
     """A Kubernetes quantity of bytes (``1Gi``, ``512M``, ``1e9``, ``1048576``) as an integer ≥ 0."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise KubeletConfigError(f"not a quantity: {_show(value)}")
-    if isinstance(value, int):
-        number = value
-    else:
-        m = _QUANTITY.fullmatch(value.strip())
-        if m is None or len(value) > 64:
-            raise KubeletConfigError(f"not a quantity: {_show(value)}")
-        digits, suffix = m.group(1), m.group(2) or ""
-        if suffix in _BINARY:
-            scale_num, scale_den = _BINARY[suffix], 1
-        elif suffix in _DECIMAL:
-            scale_num, scale_den = _DECIMAL[suffix], 1
-        elif suffix[:1] in ("e", "E"):  # 1e9; "E" alone (exa) and "Ei" were taken above
-            exp = int(suffix[1:])
-            if exp > 21:
-                raise KubeletConfigError(f"quantity too large: {_show(value)}")
-            scale_num, scale_den = (10**exp, 1) if exp >= 0 else (1, 10**-exp)
-        else:  # m, u, n: fractions of a byte
-            raise KubeletConfigError(f"not a whole number of bytes: {_show(value)}")
-        whole, _, frac = digits.lstrip("+-").partition(".")
-        num = int(whole or "0") * 10 ** len(frac) + int(frac or "0")
-        number = num * scale_num // (scale_den * 10 ** len(frac))
-        if digits.startswith("-"):
-            number = -number
-    if number < 0 or number > _MAX_QUANTITY:
-        raise KubeletConfigError(f"quantity out of range: {_show(value)}")
-    return number
+    try:
+        return parse_bytes(value)
+    except QuantityError as exc:
+        raise KubeletConfigError(str(exc)) from None
 
 
 def _string(doc: Mapping[str, Any], key: str) -> str | None:

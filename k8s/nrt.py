@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from memtopo.k8s.facts import DeviceGrant, KubeletFacts, MemoryGrant, PodResourcesView
+from memtopo.k8s.quantity import format_bytes
+from memtopo.k8s.resources import accelerator_resource, device_plugin_id
 from memtopo.v1 import topology_pb2 as pb
 
 API_VERSION = "topology.node.k8s.io/v1alpha2"
@@ -29,8 +31,6 @@ ZONE_TYPE = "Node"
 ATTR = "memtopo.io/"
 # Kubernetes object names (nodes included) are DNS subdomains.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_BINARY_SUFFIXES = (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20),
-                    ("Ki", 1 << 10))
 _DOMAIN_WORDS = {
     pb.MEMORY_DOMAIN_TYPE_DRAM: "DRAM", pb.MEMORY_DOMAIN_TYPE_HBM: "HBM",
     pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED: "CXL", pb.MEMORY_DOMAIN_TYPE_NVM: "NVM",
@@ -46,41 +46,6 @@ class NrtError(ValueError):
 
 def valid_object_name(name: str) -> bool:
     return 0 < len(name) <= 253 and _NAME.fullmatch(name) is not None
-
-
-def quantity(n: int) -> str:
-    """A byte count as Kubernetes writes it: the largest binary suffix that divides it exactly."""
-    n = max(n, 0)
-    for suffix, size in _BINARY_SUFFIXES:
-        if n and n % size == 0:
-            return f"{n // size}{suffix}"
-    return str(n)
-
-
-def hugepage_resource(size_bytes: int) -> str:
-    """``hugepages-2Mi`` for 2 MiB pages: the kubelet's resource name for a page size."""
-    return f"hugepages-{quantity(size_bytes)}"
-
-
-def resource_name(acc: pb.Accelerator) -> str | None:
-    """The device plugin's extended resource for an accelerator, or None when no plugin is known."""
-    vendor = acc.vendor.lower()
-    model = acc.model.upper().replace(" ", "")
-    if vendor == "nvidia":
-        return "nvidia.com/gpu"
-    if vendor == "amd":
-        return "amd.com/gpu"
-    if vendor == "huawei":
-        # The Ascend device plugin names 310P and 310 cards apart; every 910 variant (910, 910B*,
-        # 910_93) is huawei.com/Ascend910.
-        if "310P" in model:
-            return "huawei.com/Ascend310P"
-        if "310" in model:
-            return "huawei.com/Ascend310"
-        return "huawei.com/Ascend910"
-    if vendor == "kunlunxin":
-        return "kunlunxin.com/xpu"
-    return None
 
 
 def zone_name(node_id: int) -> str:
@@ -103,10 +68,8 @@ def _device_index(topo: pb.MemoryTopology) -> dict[str, int]:
     for acc in topo.accelerators:
         if acc.numa_node < 0:
             continue
-        res = resource_name(acc)
-        names = [acc.uuid, acc.bdf, acc.id]
-        if res and res.startswith("huawei.com/"):
-            names.append(f"{res.removeprefix('huawei.com/')}-{acc.index}")
+        res = accelerator_resource(acc)
+        names = [acc.uuid, acc.bdf, acc.id, device_plugin_id(res, acc.index) if res else None]
         for name in names:
             if name:
                 out.setdefault(name.lower(), acc.numa_node)
@@ -144,7 +107,7 @@ def device_capacity(topo: pb.MemoryTopology) -> dict[int, dict[str, int]]:
     """NUMA node → resource → accelerators there (those with a known device plugin and a NUMA node)."""
     out: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for acc in topo.accelerators:
-        res = resource_name(acc)
+        res = accelerator_resource(acc)
         if res is not None and acc.numa_node >= 0:
             out[acc.numa_node][res] += 1
     return out
@@ -231,7 +194,7 @@ def _memory_by_node(grants: Iterable[MemoryGrant]) -> dict[int, dict[str, int]]:
 def _resource(name: str, capacity: int, allocatable: int, available: int, *, count: bool) -> dict[str, str]:
     allocatable = min(max(allocatable, 0), capacity)
     available = min(max(available, 0), allocatable)
-    fmt = str if count else quantity
+    fmt = str if count else format_bytes
     return {"name": name, "capacity": fmt(capacity), "allocatable": fmt(allocatable), "available": fmt(available)}
 
 

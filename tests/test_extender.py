@@ -209,7 +209,7 @@ def test_a_pod_asking_nothing_memtopo_places_passes_through() -> None:
     (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"huawei.com/Ascend910": "3"}}}]}}, '
      b'"NodeNames": ["free"]}', "not 3"),
     (b'{"Pod": {"spec": {"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}}, '
-     b'"NodeNames": ["free"]}', "not a Kubernetes quantity"),
+     b'"NodeNames": ["free"]}', "is not a quantity"),
     (b'{"Pod": {"metadata": {"annotations": {"memtopo.io/policy": "best"}}}, "NodeNames": ["free"]}',
      "memtopo.io/policy"),
     (b'{"Pod": {"metadata": {"annotations": {"memtopo.io/workload": "fast"}}}, "NodeNames": ["free"]}', "workload"),

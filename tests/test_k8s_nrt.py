@@ -29,9 +29,9 @@ from memtopo.k8s.nrt import (
     available_from_nrt,
     build_nrt,
     devices_in_use,
-    quantity,
     zone_nodes,
 )
+from memtopo.k8s.quantity import format_bytes as quantity
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, extracted
 
