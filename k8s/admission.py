@@ -145,14 +145,33 @@ class ContainerRequest(NamedTuple):
     sidecar: bool = False
 
 
+class UnitDemand(NamedTuple):
+    """What a container, or the pod as a whole, asks of the kubelet's hint providers, before a node's
+    manager policies and resource lists narrow it: integral CPUs and memory types in bytes (Guaranteed
+    pods only), and every other resource as a count of devices (its limit)."""
+
+    cpu: int
+    memory: tuple[tuple[str, int], ...]
+    devices: tuple[tuple[str, int], ...]
+    # Why the memory manager cannot read the request (a size that is not whole bytes); "" when it can.
+    broken: str = ""
+
+    def names(self) -> set[str]:
+        return {CPU, *(n for n, _ in self.memory), *(n for n, _ in self.devices)}
+
+
 class PodRequest(NamedTuple):
-    """What the kubelet reads of a pod: its QoS class and every container's requests and limits."""
+    """What the kubelet reads of a pod: its QoS class, every container's requests and limits, and the
+    demands its hint providers derive from them: ``demands[i]`` for the i-th of the init containers then
+    the app containers, ``pod_demand`` for the pod as a whole (pod scope)."""
 
     name: str
     qos: str
     init_containers: tuple[ContainerRequest, ...]
     containers: tuple[ContainerRequest, ...]
     overhead: Mapping[str, Fraction]
+    demands: tuple[UnitDemand, ...] = ()
+    pod_demand: UnitDemand = UnitDemand(0, (), ())
 
 
 class Alignment(NamedTuple):
@@ -181,13 +200,13 @@ class Verdict(NamedTuple):
     message: str
     qos: str
     alignments: tuple[Alignment, ...] = ()
-    claims: tuple[tuple[int, str, Fraction], ...] = ()
+    claims: tuple[tuple[int, str, int], ...] = ()
 
-    def claimed(self) -> dict[int, dict[str, Fraction]]:
+    def claimed(self) -> dict[int, dict[str, int]]:
         """``claims`` as zone id → resource → amount, the shape of a :data:`Reserved` map."""
-        out: dict[int, dict[str, Fraction]] = {}
+        out: dict[int, dict[str, int]] = {}
         for zone, name, amount in self.claims:
-            out.setdefault(zone, {})[name] = out.get(zone, {}).get(name, Fraction(0)) + amount
+            out.setdefault(zone, {})[name] = out.get(zone, {}).get(name, 0) + amount
         return out
 
 
@@ -291,7 +310,8 @@ def parse_pod(pod: object) -> PodRequest:
         qos = qos_class((*app, *init))
     elif qos not in QOS_CLASSES:
         reader.fail("status.qosClass", f"{excerpt(qos if isinstance(qos, str) else repr(qos))} is not a QoS class")
-    return PodRequest(who, qos, init, app, MappingProxyType(overhead))
+    demands = tuple(_container_demand(qos, c) for c in (*init, *app))
+    return PodRequest(who, qos, init, app, MappingProxyType(overhead), demands, _pod_demand(qos, init, app))
 
 
 # ---- what one unit asks for, per hint provider -------------------------------------------------------
@@ -322,23 +342,27 @@ def _show(name: str, amount: Fraction | int) -> str:
 
 
 class _Node:
-    """A node's alignable zones and the free amounts as they change while a pod's containers take them."""
+    """A node's alignable zones and the free amounts of ``names`` as a pod's containers take them."""
 
-    def __init__(self, node: NodeTopology, reserved: Reserved | None) -> None:
+    def __init__(self, node: NodeTopology, reserved: Reserved | None, names: frozenset[str]) -> None:
         self.node = node
         self.zones: tuple[Zone, ...] = tuple(sorted(node.alignable_zones(), key=lambda z: z.numa_id))
         self.ids = tuple(z.numa_id for z in self.zones)
         self.listed = frozenset(r.name for z in self.zones for r in z.resources)
         self.capacity: dict[tuple[int, str], int] = {}
         self.allocatable: dict[tuple[int, str], int] = {}
-        self.free: dict[tuple[int, str], Fraction] = {}
+        # Whole units: every request judged here is whole, so available less a fractional reservation
+        # decides as its floor does.
+        self.free: dict[tuple[int, str], int] = {}
         for z in self.zones:
             held = reserved.get(z.numa_id, {}) if reserved else {}
             for r in z.resources:
+                if r.name not in names:
+                    continue
                 self.capacity[z.numa_id, r.name] = r.capacity
                 self.allocatable[z.numa_id, r.name] = r.allocatable
-                taken = max(Fraction(held.get(r.name, 0)), Fraction(0))
-                self.free[z.numa_id, r.name] = max(Fraction(r.available) - taken, Fraction(0))
+                taken = max(math.ceil(held.get(r.name, 0)), 0)
+                self.free[z.numa_id, r.name] = max(r.available - taken, 0)
         self.cpu_zones = tuple(z.numa_id for z in self.zones if self.capacity.get((z.numa_id, CPU), 0) > 0)
 
     def zone_name(self, numa_id: int) -> str:
@@ -369,31 +393,15 @@ def _is_device(name: str) -> bool:
     return name not in (CPU, MEMORY) and not is_hugepages(name)
 
 
-def _memory_of(c: ContainerRequest, listed: frozenset[str]) -> tuple[dict[str, int], str]:
+def _memory_of(c: ContainerRequest) -> tuple[dict[str, int], str]:
+    """``getRequestedResources``: memory and huge pages in bytes, or why AsInt64 fails."""
     out: dict[str, int] = {}
     for name, q in c.requests.items():
-        if (name == MEMORY or is_hugepages(name)) and name in listed:
+        if name == MEMORY or is_hugepages(name):
             if q.denominator != 1:
                 return {}, f"{name} {_show(CPU, q)} is not a whole number of bytes (the memory manager's AsInt64 fails)"
             out[name] = int(q)
     return out, ""
-
-
-def _container_ask(node: _Node, pod: PodRequest, c: ContainerRequest) -> _Ask:
-    guaranteed = pod.qos == GUARANTEED
-    cpu = 0
-    if node.node.cpu_manager_policy == "static" and guaranteed and CPU in node.listed:
-        cpu = _integral_cpus(c.requests.get(CPU))
-    memory: dict[str, int] = {}
-    broken = ""
-    if node.node.memory_manager_policy == "Static" and guaranteed:
-        memory, broken = _memory_of(c, node.listed)
-    devices = {}
-    for name in {*c.limits, *c.requests}:
-        count = _device_limit(c, name)
-        if _is_device(name) and name in node.listed and count is not None:
-            devices[name] = count
-    return _Ask(cpu, memory, devices, broken)
 
 
 def _pod_total(init: Sequence[tuple[int, bool]], app: Iterable[int]) -> int:
@@ -410,34 +418,47 @@ def _pod_total(init: Sequence[tuple[int, bool]], app: Iterable[int]) -> int:
     return max(peak, sum(app) + sidecars)
 
 
-def _pod_ask(node: _Node, pod: PodRequest) -> _Ask:
-    guaranteed = pod.qos == GUARANTEED
+def _container_demand(qos: str, c: ContainerRequest) -> UnitDemand:
+    guaranteed = qos == GUARANTEED
+    memory, broken = _memory_of(c) if guaranteed else ({}, "")
+    devices = sorted((n, _device_limit(c, n) or 0) for n in {*c.limits, *c.requests} if _is_device(n))
+    return UnitDemand(_integral_cpus(c.requests.get(CPU)) if guaranteed else 0, tuple(sorted(memory.items())),
+                      tuple(devices), broken)
+
+
+def _pod_demand(qos: str, init: Sequence[ContainerRequest], app: Sequence[ContainerRequest]) -> UnitDemand:
+    guaranteed = qos == GUARANTEED
     cpu = 0
-    if node.node.cpu_manager_policy == "static" and guaranteed and CPU in node.listed:
-        init = [(_integral_cpus(c.requests[CPU]), c.sidecar) for c in pod.init_containers if CPU in c.requests]
-        cpu = _pod_total(init, (_integral_cpus(c.requests[CPU]) for c in pod.containers if CPU in c.requests))
+    if guaranteed:
+        cpu = _pod_total([(_integral_cpus(c.requests[CPU]), c.sidecar) for c in init if CPU in c.requests],
+                         (_integral_cpus(c.requests[CPU]) for c in app if CPU in c.requests))
     memory: dict[str, int] = {}
     broken = ""
-    if node.node.memory_manager_policy == "Static" and guaranteed:
-        per_init, per_app = [], []
-        for c in pod.init_containers:
-            asked, problem = _memory_of(c, node.listed)
-            broken = broken or problem
-            per_init.append((asked, c.sidecar))
-        for c in pod.containers:
-            asked, problem = _memory_of(c, node.listed)
-            broken = broken or problem
-            per_app.append(asked)
-        for name in sorted({n for asked in per_app for n in asked}):
-            memory[name] = _pod_total([(asked.get(name, 0), sidecar) for asked, sidecar in per_init],
-                                      (asked.get(name, 0) for asked in per_app))
-    devices: dict[str, int] = {}
-    for name in sorted({n for c in (*pod.init_containers, *pod.containers) for n in (*c.limits, *c.requests)}):
-        if not (_is_device(name) and name in node.listed):
-            continue
-        devices[name] = _pod_total([(_device_limit(c, name) or 0, c.sidecar) for c in pod.init_containers],
-                                   (_device_limit(c, name) or 0 for c in pod.containers))
-    return _Ask(cpu, memory, devices, broken)
+    if guaranteed:
+        per_init = [(*_memory_of(c), c.sidecar) for c in init]
+        per_app = [_memory_of(c) for c in app]
+        broken = next((problem for _, problem, _ in per_init if problem), "") or next(
+            (problem for _, problem in per_app if problem), "")
+        # getPodRequestedResources counts the memory types of the app containers only.
+        for name in sorted({n for asked, _ in per_app for n in asked}):
+            memory[name] = _pod_total([(asked.get(name, 0), sidecar) for asked, _, sidecar in per_init],
+                                      (asked.get(name, 0) for asked, _ in per_app))
+    devices = []
+    for name in sorted({n for c in (*init, *app) for n in (*c.limits, *c.requests) if _is_device(n)}):
+        devices.append((name, _pod_total([(_device_limit(c, name) or 0, c.sidecar) for c in init],
+                                         (_device_limit(c, name) or 0 for c in app))))
+    return UnitDemand(cpu, tuple(memory.items()), tuple(devices), broken)
+
+
+def _ask(node: _Node, demand: UnitDemand) -> _Ask:
+    """What of a unit's demand gives hints on this node: CPUs under the static CPU manager, memory under
+    the Static memory manager, and only resources some zone lists."""
+    static_cpu = node.node.cpu_manager_policy == "static" and CPU in node.listed
+    static_memory = node.node.memory_manager_policy == "Static"
+    return _Ask(demand.cpu if static_cpu else 0,
+                {n: q for n, q in demand.memory if n in node.listed} if static_memory else {},
+                {n: q for n, q in demand.devices if n in node.listed},
+                demand.broken if static_memory else "")
 
 
 def _sources(node: _Node, ask: _Ask) -> list[_Source]:
@@ -481,8 +502,8 @@ class _Hints(NamedTuple):
     fits: bool
 
 
-def _sum(table: Mapping[tuple[int, str], Fraction | int], ids: Iterable[int], name: str) -> Fraction:
-    return sum((Fraction(table.get((i, name), 0)) for i in ids), Fraction(0))
+def _sum(table: Mapping[tuple[int, str], int], ids: Iterable[int], name: str) -> int:
+    return sum(table.get((i, name), 0) for i in ids)
 
 
 def _holds(node: _Node, src: _Source, ids: Sequence[int]) -> bool:
@@ -497,19 +518,12 @@ def _could_hold(node: _Node, src: _Source, ids: Sequence[int]) -> bool:
 
 
 def _minimum(node: _Node, src: _Source, single_only: bool) -> int:
-    """minAffinitySize: the fewest NUMA nodes whose capacity (allocatable for memory) could hold it.
+    """minAffinitySize of several memory types together: the fewest NUMA nodes whose allocatable
+    amounts could hold every one.
     ``single_only``: whether it is 1 is all that matters (any larger answer may be returned as 2)."""
     n = len(src.universe)
-    if single_only and len(src.names) > 1:
+    if single_only:
         return 1 if any(_could_hold(node, src, (i,)) for i in src.universe) else min(2, n)
-    if len(src.names) == 1:
-        basis = node.allocatable if src.gated else node.capacity
-        total = Fraction(0)
-        for k, amount in enumerate(sorted((basis.get((i, src.names[0]), 0) for i in src.universe), reverse=True), 1):
-            total += amount
-            if total >= src.needs[0]:
-                return k
-        return n
     if n > MAX_ENUMERATED_ZONES:
         raise _TooWideError
     for k in range(1, n + 1):
@@ -518,7 +532,36 @@ def _minimum(node: _Node, src: _Source, single_only: bool) -> int:
     return n
 
 
+def _one_resource_hints(node: _Node, src: _Source, single_only: bool) -> _Hints:
+    """:func:`_hints` for one resource, on per-zone lists (the common case, and the fast one)."""
+    name, need, ids = src.names[0], src.needs[0], src.universe
+    free = [node.free.get((i, name), 0) for i in ids]
+    basis = [(node.allocatable if src.gated else node.capacity).get((i, name), 0) for i in ids]
+    fits = sum(free) >= need and (not src.gated or sum(basis) >= need)
+    minimum, total = len(ids), 0
+    for k, amount in enumerate(sorted(basis, reverse=True), 1):
+        total += amount
+        if total >= need:
+            minimum = k
+            break
+    if not fits or (single_only and minimum != 1):
+        return _Hints(minimum, frozenset(), fits)
+    if minimum == 1:
+        return _Hints(1, frozenset(1 << i for i, f, b in zip(ids, free, basis, strict=True)
+                                   if f >= need and (not src.gated or b >= need)), fits)
+    if math.comb(len(ids), minimum) > 1 << MAX_ENUMERATED_ZONES:
+        raise _TooWideError
+    preferred = frozenset(
+        _mask(ids[j] for j in combo) for combo in combinations(range(len(ids)), minimum)
+        if sum(free[j] for j in combo) >= need and (not src.gated or sum(basis[j] for j in combo) >= need))
+    return _Hints(minimum, preferred, fits)
+
+
 def _hints(node: _Node, src: _Source, single_only: bool) -> _Hints:
+    """The unit's hints from one provider: the minimum combination size, the preferred combinations
+    (only single zones under single-numa-node) and whether any combination holds the request."""
+    if len(src.names) == 1:
+        return _one_resource_hints(node, src, single_only)
     fits = _holds(node, src, src.universe)
     minimum = _minimum(node, src, single_only)
     if not fits or (single_only and minimum != 1):
@@ -603,7 +646,7 @@ def _judge(node: _Node, ask: _Ask, who: str, container: str | None, init: bool) 
     placements = tuple(_bits(m) for m in aligned)
     outcome = _Outcome(Alignment(container, init, hinted, placements, None if choice is None else _bits(choice),
                                  bool(aligned)), mask=choice)
-    return _allocated(node, sources, outcome, who)
+    return _allocated(node, sources, outcome, who, [h.fits for _, h in hint_sets])
 
 
 def _why_unaligned(node: _Node, voting: Sequence[tuple[_Source, _Hints]], single: bool) -> str:
@@ -619,31 +662,32 @@ def _why_unaligned(node: _Node, voting: Sequence[tuple[_Source, _Hints]], single
         ", and these do not meet"
 
 
-def _allocated(node: _Node, sources: Sequence[_Source], outcome: _Outcome, who: str) -> _Outcome:
+def _allocated(node: _Node, sources: Sequence[_Source], outcome: _Outcome, who: str,
+               fits: Sequence[bool] | None = None) -> _Outcome:
     """The allocation that follows the merge: it fails when the node has too little left for an exclusive
-    request, whatever the policy."""
-    for src in sources:
-        if not _holds(node, src, src.universe):
+    request, whatever the policy. ``fits``: per source, whether the node holds it, when already known."""
+    for k, src in enumerate(sources):
+        if not (fits[k] if fits is not None else _holds(node, src, src.universe)):
             free = ", ".join(f"{n} {_show(n, _sum(node.free, src.universe, n))}" for n in src.names)
             return outcome._replace(reason=UNEXPECTED_ADMISSION_ERROR,
                                     message=f"{who}: Allocate failed: {src.label} requested, {free} free on the node")
     return outcome
 
 
-def _take(node: _Node, sources: Sequence[_Source], mask: int | None) -> list[tuple[int, str, Fraction]]:
+def _take(node: _Node, sources: Sequence[_Source], mask: int | None) -> list[tuple[int, str, int]]:
     """Takes the unit's exclusive amounts from the zones: those of the chosen placement first, in
     NUMA id order (as the memory manager fills its mask), then any other zone for what is left (as the
     CPU manager takes leftover CPUs anywhere)."""
-    taken: list[tuple[int, str, Fraction]] = []
+    taken: list[tuple[int, str, int]] = []
     for src in sources:
         inside = [i for i in src.universe if mask is not None and mask >> i & 1]
         order = inside + [i for i in src.universe if i not in inside]
         for name, need in zip(src.names, src.needs, strict=True):
-            left = Fraction(need)
+            left = need
             for i in order:
                 if left <= 0:
                     break
-                part = min(left, node.free.get((i, name), Fraction(0)))
+                part = min(left, node.free.get((i, name), 0))
                 if part > 0:
                     node.free[i, name] -= part
                     taken.append((i, name, part))
@@ -655,22 +699,22 @@ def admit(node: NodeTopology, pod: PodRequest, reserved: Reserved | None = None)
     """The kubelet's admission of ``pod`` on ``node``, whose zones have ``available`` less ``reserved``.
 
     Never raises: what the node's object or the pod cannot tell is said in the verdict's reason."""
-    state = _Node(node, reserved)
+    state = _Node(node, reserved, frozenset().union(pod.pod_demand.names(), *(d.names() for d in pod.demands)))
     alignments: list[Alignment] = []
-    claims: list[tuple[int, str, Fraction]] = []
+    claims: list[tuple[int, str, int]] = []
     # Under the none policy the kubelet's scope is "none" whatever is configured: container by container.
     if node.scope == "pod" and node.policy != "none":
-        ask = _pod_ask(state, pod)
+        ask = _ask(state, pod.pod_demand)
         outcome = _judge(state, ask, "pod", None, False)
         if outcome.reason:
             return Verdict(False, outcome.reason, outcome.message, pod.qos, (outcome.alignment,))
         claims = _take(state, _sources(state, ask), outcome.mask)
         return Verdict(True, "", "", pod.qos, (outcome.alignment,), tuple(claims))
     units = [(c, True) for c in pod.init_containers] + [(c, False) for c in pod.containers]
-    for c, init in units:
+    for (c, init), demand in zip(units, pod.demands, strict=True):
         kind = ("sidecar" if c.sidecar else "init container") if init else "container"
         who = f"{kind} {shorten(c.name or '?', 63)!r}"
-        ask = _container_ask(state, pod, c)
+        ask = _ask(state, demand)
         outcome = _judge(state, ask, who, c.name, init)
         alignments.append(outcome.alignment)
         if outcome.reason:
