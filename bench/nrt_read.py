@@ -23,6 +23,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import tracemalloc
 from functools import partial
 from pathlib import Path
@@ -36,7 +37,7 @@ from memtopo.discovery.capture import extract, find_root  # noqa: E402
 from memtopo.discovery.discover import discover  # noqa: E402
 from memtopo.discovery.source import ProbeContext  # noqa: E402
 from memtopo.hostfs import HostFS  # noqa: E402
-from memtopo.k8s.admission import admit, parse_pod  # noqa: E402
+from memtopo.k8s.admission import PodRequest, Verdict, admit, parse_pod  # noqa: E402
 from memtopo.k8s.facts import KubeletFacts  # noqa: E402
 from memtopo.k8s.kubelet import read_kubelet_facts  # noqa: E402
 from memtopo.k8s.nrt import build_nrt  # noqa: E402
@@ -92,13 +93,19 @@ def _pod(obj: dict[str, Any]) -> dict[str, Any]:
     return {"spec": {"containers": [{"name": "c", "resources": {"requests": ask, "limits": ask}}]}}
 
 
+def _read_all(docs: list[dict[str, Any]]) -> list[NodeTopology]:
+    return [read_nrt(d) for d in docs]
+
+
+def _admit_all(nodes: list[NodeTopology], pod: PodRequest) -> list[Verdict]:
+    return [admit(n, pod) for n in nodes]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--objects", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
-    import tempfile
-
     rng = random.Random(0)
     print(f"load average {os.getloadavg()[0]:.2f}; {args.objects} objects a fleet; pass = read model < "
           f"{RATIO_TARGET:g} x JSON and {FLEET:,} busy objects < {FLEET_TARGET >> 20} MiB")
@@ -111,15 +118,15 @@ def main(argv: list[str] | None = None) -> int:
             pod = parse_pod(_pod(obj))
             for busy in (False, True):
                 json_bytes, docs = _bytes(partial(_fleet, obj, args.objects, busy, rng))
-                model_bytes, models = _bytes(partial(lambda ds: [read_nrt(d) for d in ds], docs))
+                model_bytes, models = _bytes(partial(_read_all, docs))
                 per_json, per_model = json_bytes / len(docs), model_bytes / len(docs)
                 fleet = per_model * FLEET
                 ok = per_model < RATIO_TARGET * per_json and (not busy or fleet < FLEET_TARGET)
                 failed |= not ok
                 nodes: list[NodeTopology] = models
                 sample = nodes[:500]
-                _, _, admit_cpu = timed(partial(lambda ns: [admit(n, pod) for n in ns], sample), args.repeat, 1)
-                _, _, read_cpu = timed(partial(lambda ds: [read_nrt(d) for d in ds], docs[:500]), args.repeat, 1)
+                _, _, admit_cpu = timed(partial(_admit_all, sample, pod), args.repeat, 1)
+                _, _, read_cpu = timed(partial(_read_all, docs[:500]), args.repeat, 1)
                 print(f"{host:<22} {len(nodes[0].zones):>5} {'busy' if busy else 'alike':>6} {per_json:>11,.0f} "
                       f"{per_model:>12,.0f} {per_model / per_json:>6.2f} {fleet / (1 << 20):>7.1f}Mi "
                       f"{admit_cpu / len(sample) * 1e6:>9.1f} {read_cpu / len(sample) * 1e6:>8.1f}  "

@@ -614,3 +614,80 @@ def test_every_two_zone_split_agrees_with_brute_force_single_numa() -> None:
                       res_info(GPU, "1", str(gpu1)))]
         verdict = admit(_node("single-numa-node", "pod", zones), pod)
         assert verdict.admit == (cpu0 >= 3 and gpu0 >= 1), (cpu0, cpu1, gpu0, gpu1)
+
+
+_POLICIES = st.sampled_from(["none", "best-effort", "restricted", "single-numa-node"])
+
+
+@st.composite
+def _small_nodes(draw: st.DrawFn) -> dict[str, Any]:
+    """Generated nodes of 1 to 4 zones: CPUs (some zones CPU-less), memory, huge pages, GPUs, with
+    capacity, allocatable and available drawn so that available <= allocatable <= capacity."""
+    zones = []
+    for i in range(draw(st.integers(1, 4))):
+        resources = []
+        for name, unit, present in ((CPU, "", draw(st.booleans()) or i == 0), (MEMORY, "Gi", True),
+                                    (HUGEPAGES_2MI, "Mi", draw(st.booleans())), (GPU, "", draw(st.booleans()))):
+            if present:
+                cap = draw(st.integers(0, 8))
+                alloc = draw(st.integers(0, cap))
+                avail = draw(st.integers(0, alloc))
+                resources.append({"name": name, "capacity": f"{cap}{unit}", "allocatable": f"{alloc}{unit}",
+                                  "available": f"{avail}{unit}"})
+        zones.append({"name": f"node-{i}", "type": "Node", "resources": resources})
+    obj = nrt("gen", zones)
+    obj["attributes"] = [{"name": "topologyManagerPolicy", "value": draw(_POLICIES)},
+                         {"name": "topologyManagerScope", "value": draw(st.sampled_from(["pod", "container"]))},
+                         {"name": "memtopo.io/cpu-manager-policy", "value": draw(st.sampled_from(["none", "static"]))},
+                         {"name": "memtopo.io/memory-manager-policy",
+                          "value": draw(st.sampled_from(["None", "Static"]))}]
+    return obj
+
+
+_SMALL = st.fixed_dictionaries({}, optional={CPU: st.sampled_from(["1", "2", "3", "5", "1500m"]),
+                                             MEMORY: st.sampled_from(["1Gi", "3Gi", "6Gi"]),
+                                             HUGEPAGES_2MI: st.sampled_from(["2Mi", "6Mi"]),
+                                             GPU: st.sampled_from(["0", "1", "2"])})
+
+
+@settings(max_examples=400)
+@given(obj=_small_nodes(), app=st.lists(_SMALL, min_size=1, max_size=2), init=st.lists(_SMALL, max_size=1),
+       sidecar=st.booleans())
+def test_any_generated_node_gives_a_consistent_verdict(obj: dict[str, Any], app: list[dict[str, str]],
+                                                       init: list[dict[str, str]], sidecar: bool) -> None:
+    node = read_nrt(obj)
+    verdict = admit(node, parse_pod(_gu(*app, init=tuple(init), sidecar=sidecar)))
+    free = {(z.numa_id, r.name): r.available for z in node.zones for r in z.resources}
+    taken: dict[tuple[int, str], int] = {}
+    for zone_id, name, amount in verdict.claims:
+        taken[zone_id, name] = taken.get((zone_id, name), 0) + amount
+    assert all(amount <= free[key] for key, amount in taken.items())
+    if not verdict.admit:
+        assert verdict.reason in (TOPOLOGY_AFFINITY_ERROR, UNEXPECTED_ADMISSION_ERROR) and verdict.message
+        assert node.policy != "none" or verdict.reason == UNEXPECTED_ADMISSION_ERROR
+        return
+    for a in verdict.alignments:
+        if node.policy in ("restricted", "single-numa-node") and a.hinted:
+            assert a.aligned and a.choice in a.accepted
+        if node.policy == "single-numa-node" and a.choice is not None:
+            assert len(a.choice) == 1
+
+
+@settings(max_examples=300)
+@given(obj=_small_nodes(), app=st.lists(_SMALL, min_size=1, max_size=2), data=st.data())
+def test_more_available_never_turns_a_pod_scope_admission_into_a_rejection(
+        obj: dict[str, Any], app: list[dict[str, str]], data: st.DataObject) -> None:
+    obj["attributes"][1]["value"] = "pod"
+    pod = parse_pod(_gu(*app))
+    before = admit(read_nrt(obj), pod)
+    zone_index = data.draw(st.integers(0, len(obj["zones"]) - 1))
+    resources = obj["zones"][zone_index]["resources"]
+    if not resources:
+        return
+    res = resources[data.draw(st.integers(0, len(resources) - 1))]
+    unit = "Gi" if res["name"] == MEMORY else "Mi" if res["name"] == HUGEPAGES_2MI else ""
+    if res["available"] == res["allocatable"]:
+        return
+    res["available"] = f"{int(res['available'].removesuffix(unit)) + 1}{unit}"
+    after = admit(read_nrt(obj), pod)
+    assert not (before.admit and not after.admit), (before, after)
