@@ -193,7 +193,9 @@ class Alignment(NamedTuple):
 class Verdict(NamedTuple):
     """The kubelet's answer. ``reason`` and ``message`` are empty when it admits; ``claims`` are the
     exclusive amounts it would take per zone (zone id, resource, amount) for the app containers and
-    sidecars, which the caller can hold as reserved until the node's NRT shows them."""
+    sidecars, which the caller can hold as reserved until the node's NRT shows them: from the chosen
+    placement's zones, lowest NUMA id first; where there is no choice (the none policy) the zones are
+    the lowest-numbered with room, a guess at where the kubelet's allocators take them."""
 
     admit: bool
     reason: str
@@ -621,7 +623,7 @@ def _judge(node: _Node, ask: _Ask, who: str, container: str | None, init: bool) 
         return _Outcome(Alignment(container, init, hinted, (), None, False), UNEXPECTED_ADMISSION_ERROR,
                         f"{who}: {ask.broken}")
     if policy == "none":
-        return _allocated(node, sources, _Outcome(Alignment(container, init, hinted, (), None, False)), who)
+        return _allocated(node, sources, _Outcome(Alignment(container, init, (), (), None, False)), who)
     if not sources:
         return _Outcome(Alignment(container, init, (), (), None, True))
     single = policy == "single-numa-node"

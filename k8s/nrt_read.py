@@ -250,14 +250,16 @@ def _resources(reader: _Reader, value: object, where: str) -> tuple[ZoneResource
 def _shared[T: tuple[Any, ...]](value: T) -> T:
     """One copy of an immutable value for every object that has an equal one (the same SLIT row, the
     same idle CPU counts), up to a bound, so that a fleet of alike nodes costs little more than one."""
-    found = _SHARED.get(value)
+    # Keyed by type too: a NamedTuple equals a plain tuple of the same values.
+    key = (type(value), value)
+    found = _SHARED.get(key)
     if found is not None:
-        return found  # type: ignore[no-any-return]  # the table maps each value to an equal one
+        return found  # type: ignore[no-any-return]  # the table maps each key to a value of its type
     if len(_SHARED) >= _SHARED_MAX:
         # Values that changed (``available`` moves) would fill it for good: start again. The objects
         # read so far keep what they share.
         _SHARED.clear()
-    _SHARED[value] = value
+    _SHARED[key] = value
     return value
 
 
