@@ -294,6 +294,9 @@ def _top_attributes(topo: pb.MemoryTopology, kubelet: KubeletFacts, pods: PodRes
         # scheduler plugin reads.
         attrs.append(_attr("topologyManagerPolicy", kubelet.topology_manager_policy or "none"))
         attrs.append(_attr("topologyManagerScope", kubelet.topology_manager_scope or "container"))
+        # Which resources give NUMA hints at all (k8s/admission.py reads them; no other publisher writes them).
+        attrs.append(_attr(ATTR + "cpu-manager-policy", kubelet.cpu_manager_policy or "none"))
+        attrs.append(_attr(ATTR + "memory-manager-policy", kubelet.memory_manager_policy or "None"))
         attrs.append(_attr(ATTR + "kubelet-config", kubelet.config_path))
     else:
         attrs.append(_attr(ATTR + "kubelet-config", f"unreadable: {kubelet.problem or 'not found'}"))

@@ -246,6 +246,8 @@ def test_kubelet_reservations_lower_allocatable() -> None:
     assert res(obj, "node-1", "hugepages-1Gi") == ("4Gi", "3Gi", "3Gi")
     top = {a["name"]: a["value"] for a in obj["attributes"]}
     assert top["topologyManagerPolicy"] == "single-numa-node" and top["topologyManagerScope"] == "pod"
+    # The kubelet's defaults where its file leaves the managers out.
+    assert (top["memtopo.io/cpu-manager-policy"], top["memtopo.io/memory-manager-policy"]) == ("none", "None")
 
 
 def test_pod_resources_lower_available_and_devices_in_use_are_reported() -> None:
