@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
+from prometheus_client import CollectorRegistry
 
+from memtopo.agent.config import KubernetesConfig
 from memtopo.agent.metrics import EnforceMetrics, EnforceState
 from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
 from memtopo.hostfs import HostFS, HostReadError
@@ -40,6 +42,7 @@ from memtopo.k8s import enforcement as ef
 from memtopo.k8s.facts import KubeletFacts
 from memtopo.mounts import Mount, cgroup_mounts, parse_proc_cgroup
 from memtopo.text import shorten
+from memtopo.v1 import topology_pb2 as pb
 
 log = structlog.get_logger()
 
@@ -450,7 +453,7 @@ def _event(outcome: ef.Outcome) -> tuple[str, str, str] | None:
     return None
 
 
-def node_facts(node_name: str, topo: Any, fs: HostFS, reserved: Sequence[int]) -> ef.NodeFacts:
+def node_facts(node_name: str, topo: pb.MemoryTopology, fs: HostFS, reserved: Sequence[int]) -> ef.NodeFacts:
     """The node facts of a topology (``memtopo.v1.MemoryTopology``), each CPU's core from sysfs."""
     from memtopo.k8s.cputopo import CpuTopology, read_cpu_places
 
@@ -459,3 +462,53 @@ def node_facts(node_name: str, topo: Any, fs: HostFS, reserved: Sequence[int]) -
     mems = frozenset(n.id for n in topo.numa_nodes if n.has_memory and n.memory_bytes > 0)
     return ef.NodeFacts(node_name, model, frozenset(reserved) & model.cpus, mems)
 
+
+
+class _Every:
+    """``read()``'s answer, read again at most every ``seconds`` (the kubelet's file changes rarely;
+    a pass runs every second)."""
+
+    def __init__(self, read: Callable[[], KubeletFacts], seconds: float) -> None:
+        self.read, self.seconds = read, seconds
+        self._value: KubeletFacts | None = None
+        self._at = 0.0
+
+    def __call__(self) -> KubeletFacts:
+        now = time.monotonic()
+        if self._value is None or now - self._at >= self.seconds:
+            self._value, self._at = self.read(), now
+        return self._value
+
+
+def enforcer_for(cfg: KubernetesConfig, agent_node_name: str, fs: HostFS,
+                 topology: Callable[[], pb.MemoryTopology | None], pods: PodSource, reporter: PodReporter,
+                 registry: CollectorRegistry | None = None) -> Enforcer:
+    """The agent's enforcement for its ``[kubernetes]`` section; ``topology`` gives the published
+    MemoryTopology (None before the first), ``fs`` is the agent's root."""
+    import os
+
+    from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS
+    from memtopo.k8s.kubelet import read_kubelet_facts
+
+    paths = (cfg.kubelet_config,) if cfg.kubelet_config else DEFAULT_CONFIG_PATHS
+    kubelet = _Every(lambda: read_kubelet_facts(fs, paths), 10.0)
+    name = cfg.node_name or os.environ.get("NODE_NAME", "") or agent_node_name
+    cache: dict[tuple[str, tuple[int, ...]], ef.NodeFacts] = {}
+
+    def node() -> ef.NodeFacts | None:
+        topo = topology()
+        if topo is None:
+            return None
+        key = (topo.fingerprint, kubelet().reserved_cpus)
+        if key not in cache:
+            cache.clear()
+            cache[key] = node_facts(name, topo, fs, key[1])
+        return cache[key]
+
+    def connect() -> cri.CriClient:
+        # Resolved at each connect: a runtime that starts after the agent is found when it does.
+        return cri.CriClient(cri.resolve_endpoint(cfg.runtime_endpoint))
+
+    return Enforcer(node=node, kubelet=kubelet, connect=connect, pods=pods, reporter=reporter,
+                    cpusets=CgroupCpusets(fs).read, metrics=EnforceMetrics(registry),
+                    interval=cfg.enforce_interval_seconds)

@@ -342,3 +342,25 @@ async def _until(check: Any, limit_s: float = 60.0) -> Any:
             return value
         await asyncio.sleep(0.05)
     raise AssertionError("condition not reached")
+
+
+def test_the_agents_enforcer_reads_its_config(containerd: Containerd, kubelet: Kubelet, tmp_path: Path) -> None:
+    """enforcer_for: the kubelet's reservedSystemCPUs from its config file, the runtime endpoint, the
+    published topology (none yet = waiting)."""
+    from memtopo.agent.config import KubernetesConfig
+    from memtopo.agent.enforce import enforcer_for
+    from tests.enforce_standins import host_topology
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f'kind: KubeletConfiguration\ncpuManagerPolicy: none\nreservedSystemCPUs: "{HOST_CPUS[0]}"\n')
+    cfg = KubernetesConfig(enforce=True, runtime_endpoint=containerd.endpoint, kubelet_config=str(config),
+                           node_name=NODE)
+    pods, reporter = StandinPods(), StandinReporter()
+    published: list[Any] = []
+    enforcer = enforcer_for(cfg, "agent", HostFS.at("/"), lambda: published[0] if published else None, pods, reporter)
+    assert asyncio.run(enforcer.reconcile()).state == "waiting"
+    published.append(host_topology())
+    p, obj = run_pod(kubelet, "configured", {"app": resources("1")})
+    pods.put(obj)
+    assert asyncio.run(enforcer.reconcile()).state == "active"
+    assert reporter.status(p.uid)["cpus"] == str(HOST_CPUS[1])
