@@ -6,7 +6,7 @@ imports the image with ``ctr`` and uses it as both the sandbox (pause) image and
 ``Kubelet`` then runs pods as the kubelet's cgroupfs driver would: a host-network sandbox without a
 hostname, cgroup parent ``/kubepods/pod<uid>``, containers labelled with the kubelet's labels.
 
-Settings these machines need (see shared/notes/kubernetes.md): ``restrict_oom_score_adj`` (no
+Settings these machines need: ``restrict_oom_score_adj`` (no
 CAP_SYS_RESOURCE, so runc cannot write a negative ``oom_score_adj``), no CNI (host network only).
 
 ``stop`` removes everything a run leaves behind: every sandbox (which stops the shims), the pod
