@@ -454,13 +454,19 @@ def _event(outcome: ef.Outcome) -> tuple[str, str, str] | None:
 
 
 def node_facts(node_name: str, topo: pb.MemoryTopology, fs: HostFS, reserved: Sequence[int]) -> ef.NodeFacts:
-    """The node facts of a topology (``memtopo.v1.MemoryTopology``), each CPU's core from sysfs."""
+    """The node facts of a topology, each CPU's core from sysfs. ``reserved`` is the kubelet's
+    ``reservedSystemCPUs``; without any, the lowest CPU is kept back for the shared pool."""
     from memtopo.k8s.cputopo import CpuTopology, read_cpu_places
 
     cpus = [c for n in topo.numa_nodes for c in n.cpus]
     model = CpuTopology.from_topology(topo, read_cpu_places(fs, cpus))
     mems = frozenset(n.id for n in topo.numa_nodes if n.has_memory and n.memory_bytes > 0)
-    return ef.NodeFacts(node_name, model, frozenset(reserved) & model.cpus, mems)
+    kept = frozenset(reserved) & model.cpus
+    if not kept and model.cpus:
+        # The kubelet's static policy refuses to run without a reserved CPU: the shared pool, where
+        # the system and every other container run, must never be handed out to the last CPU.
+        kept = frozenset({min(model.cpus)})
+    return ef.NodeFacts(node_name, model, kept, mems)
 
 
 

@@ -140,8 +140,10 @@ def test_reserved_cpus_are_never_exclusive(containerd: Containerd, kubelet: Kube
     pods, reporter = StandinPods(), StandinReporter()
     p, obj = run_pod(kubelet, "res", {"app": resources("1")})
     pods.put(obj)
-    asyncio.run(make(containerd, pods, reporter, reserved=(HOST_CPUS[0],)).reconcile())
-    assert reporter.status(p.uid)["cpus"] == str(HOST_CPUS[1])
+    asyncio.run(make(containerd, pods, reporter, reserved=(HOST_CPUS[-1],)).reconcile())
+    assert reporter.status(p.uid)["cpus"] == str(HOST_CPUS[0])
+    # Without reservedSystemCPUs the first CPU is kept for the shared pool, as the kubelet requires one.
+    assert host_node().reserved == {HOST_CPUS[0]} and host_node((HOST_CPUS[-1],)).reserved == {HOST_CPUS[-1]}
 
 
 def test_drift_is_restored_and_counted(containerd: Containerd, kubelet: Kubelet) -> None:
@@ -202,15 +204,18 @@ def test_a_restart_never_gives_one_cpu_to_two_pods(containerd: Containerd, kubel
     pods.put(first_obj)
     pods.put(second_obj)
     # While no agent ran, both pods' containers ended up on the same CPU.
+    last = HOST_CPUS[-1]
     with cri.CriClient(containerd.endpoint) as c:
-        c.update_cpuset(first.containers["app"], [HOST_CPUS[0]])
-        c.update_cpuset(second.containers["app"], [HOST_CPUS[0]])
+        c.update_cpuset(first.containers["app"], [last])
+        c.update_cpuset(second.containers["app"], [last])
     enforcer = make(containerd, pods, reporter)
     result = asyncio.run(enforcer.reconcile())
-    assert enforcer.held[first.uid].how == "adopted" and enforcer.held[first.uid].cpus == {HOST_CPUS[0]}
-    assert enforcer.held[second.uid].how == "chosen" and enforcer.held[second.uid].cpus == {HOST_CPUS[1]}
+    assert enforcer.held[first.uid].how == "adopted" and enforcer.held[first.uid].cpus == {last}
+    # The younger pod is not given the same CPU: nothing else may be handed out (the first CPU is
+    # kept for the shared pool), so it fails, says why, and runs on the shared pool.
+    assert second.uid not in enforcer.held and reporter.status(second.uid)["state"] == "failed"
     assert result.updated == [second.containers["app"]]  # the older pod did not move
-    assert cpus_of(containerd, second.containers["app"])[0] == str(HOST_CPUS[1])
+    assert cpus_of(containerd, second.containers["app"])[0] == ",".join(map(str, HOST_CPUS[:-1]))
 
 
 def test_the_kubelets_static_policy_owns_cpusets(containerd: Containerd, kubelet: Kubelet) -> None:
@@ -250,7 +255,10 @@ def test_a_container_that_disappears_mid_update_leaves_its_pod_unchanged(contain
     p, obj = run_pod(kubelet, "vanish", {"a": resources("1"), "b": resources("1")})
     pods.put(obj)
     victim = p.containers["b"]
-    enforcer = Enforcer(node=host_node, kubelet=lambda: kubelet_facts(), pods=pods, reporter=reporter,
+    # Two exclusive CPUs on this 2-CPU host: no CPU kept back for the shared pool here.
+    whole = host_node()
+    node = ef.NodeFacts(NODE, whole.topo, frozenset(), whole.memory_nodes)
+    enforcer = Enforcer(node=lambda: node, kubelet=lambda: kubelet_facts(), pods=pods, reporter=reporter,
                         connect=lambda: VanishingClient(containerd.endpoint, kubelet, victim),
                         cpusets=CgroupCpusets(HostFS.at("/")).read)
     result = asyncio.run(enforcer.reconcile())
