@@ -151,6 +151,7 @@ class Enforcer:
         self.adopted = False
         self.last: PassResult = PassResult("waiting", "not started")
         self._client: cri.CriClient | None = None
+        self._events_client: cri.CriClient | None = None
         self._pids: dict[str, int] = {}
         self._targets: dict[str, ef.Target] = {}  # container id → the cpuset memtopo last gave it
         self._reported: dict[str, str] = {}  # pod uid → annotation value last written
@@ -185,6 +186,10 @@ class Enforcer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.interval)
         finally:
+            # A thread blocked on the runtime's event stream ends when its channel closes.
+            events = self._events_client
+            if events is not None:
+                events.close()
             for w in watchers:
                 w.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
@@ -217,6 +222,7 @@ class Enforcer:
             client = self.connect()
         except cri.CriError:
             return "unavailable"
+        self._events_client = client
         try:
             for _event in client.events():
                 loop.call_soon_threadsafe(self._wake.set)
@@ -225,6 +231,7 @@ class Enforcer:
         except cri.CriError as exc:
             return "unimplemented" if exc.unimplemented else "failed"
         finally:
+            self._events_client = None
             client.close()
         return "ended"
 
