@@ -372,3 +372,48 @@ def test_the_agents_enforcer_reads_its_config(containerd: Containerd, kubelet: K
     pods.put(obj)
     assert asyncio.run(enforcer.reconcile()).state == "active"
     assert reporter.status(p.uid)["cpus"] == str(HOST_CPUS[1])
+
+
+def test_runtime_events_start_a_pass_and_stop_with_the_loop(tmp_path: Path) -> None:
+    """A runtime with container events (containerd >= 1.7, CRI-O): an event starts a pass at once
+    (the interval here is far longer), and stopping the loop ends the thread reading the stream."""
+    from memtopo.k8s.api.cri.v1 import cri_pb2 as pb
+
+    release = threading.Event()
+
+    def events(_req: bytes, _ctx: grpc.ServicerContext) -> Iterator[bytes]:
+        yield pb.ContainerEventResponse(container_id="c1", container_event_type=pb.CONTAINER_STARTED_EVENT
+                                        ).SerializeToString()
+        release.wait(30)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("runtime.v1.RuntimeService", {
+        "ListContainers": grpc.unary_unary_rpc_method_handler(lambda _r, _c: b""),
+        "GetContainerEvents": grpc.unary_stream_rpc_method_handler(events)}),))
+    server.add_insecure_port(f"unix://{tmp_path}/events.sock")
+    server.start()
+    passes: list[str] = []
+
+    class Counting(Enforcer):
+        async def reconcile(self) -> Any:
+            result = await super().reconcile()
+            passes.append(result.state)
+            return result
+
+    async def scenario() -> None:
+        facts = kubelet_facts()
+        enforcer = Counting(node=host_node, kubelet=lambda: facts, pods=StandinPods(), reporter=StandinReporter(),
+                            connect=lambda: cri.CriClient(f"unix://{tmp_path}/events.sock"),
+                            cpusets=CgroupCpusets(HostFS.at("/")).read, interval=600.0)
+        task = asyncio.create_task(enforcer.run())
+        await _until(lambda: len(passes) >= 2)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=30)
+        assert task in done
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        server.stop(0)
+    assert passes[:2] == ["active", "active"]
