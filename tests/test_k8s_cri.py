@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
@@ -60,7 +61,13 @@ def test_status_gives_the_task_pid(containerd: Containerd) -> None:
             detail = client.container_status(cid)
         assert detail.state == cri.RUNNING and detail.pid is not None
         assert cid in Path(f"/proc/{detail.pid}/cgroup").read_text()
-        assert Path(f"/proc/{detail.pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"/bin/sleep", b"100000"]
+        # The task's pid is runc's init until it has exec'd the command (StartContainer may return first).
+        cmdline = Path(f"/proc/{detail.pid}/cmdline")
+        for _ in range(600):
+            if cmdline.read_bytes().split(b"\0")[:2] == [b"/bin/sleep", b"100000"]:
+                break
+            time.sleep(0.05)
+        assert cmdline.read_bytes().split(b"\0")[:2] == [b"/bin/sleep", b"100000"]
     finally:
         k.remove_pod(pod.uid)
 
