@@ -171,3 +171,16 @@ def test_status_annotation_is_compact_json() -> None:
     doc = json.loads(ef.status_annotation(ef.Outcome(ef.APPLIED, "", a, 7)))
     assert doc == {"state": "applied", "cpus": "4,12", "mems": "1", "source": "placement",
                    "containers": {"x": "4,12"}, "generation": 7}
+
+
+def test_the_extenders_placement_json_is_read() -> None:
+    """What controller/extender.py writes at bind (the place policy's decision as JSON) is a placement."""
+    from memtopo.planner import place
+
+    decision = place.PlaceDecision(
+        node="n1", cpus=(4, 5, 12, 13), gpus=(), gpu_ids=(), domains=(place.DomainUse(1, "DRAM", (4, 5, 12, 13), ()),),
+        co_located=True, memory=(place.MemoryUse(1, 1, "DRAM", 1 << 30), place.MemoryUse(2, 2, "CXL", 1 << 30)),
+        memory_policy=place.MemoryPolicyChoice("bind", (1, 2), False, "test"), beta=0.5, gpu_link_fitness=1.0,
+        memory_locality_fitness=1.0, intra_node_fitness=1.0)
+    got = ef.parse_placement(json.dumps(decision.to_json(), separators=(",", ":")))
+    assert got == ef.Placement("n1", cpus("4,5,12,13"), (1, 2))
