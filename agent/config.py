@@ -61,6 +61,7 @@ DURATION_BOUNDS: dict[str, tuple[float, float]] = {
     "kubernetes.pod_resources_seconds": (0.1, 3600.0),
     "kubernetes.backoff_initial_seconds": (0.01, 3600.0),
     "kubernetes.backoff_max_seconds": (0.01, DAY),
+    "kubernetes.enforce_interval_seconds": (0.05, 3600.0),
 }
 # (lowest, highest) of every count key.
 COUNT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -164,6 +165,12 @@ class KubernetesConfig:
     backoff_max_seconds: float = 60.0
     # Take fields another field manager owns (server-side apply force); off = report the conflict.
     force_conflicts: bool = False
+    # Carry the scheduler's CPU decision out through the container runtime (agent/enforce.py).
+    enforce: bool = False
+    # The runtime's CRI socket; "" = containerd's, else CRI-O's (the first that exists).
+    runtime_endpoint: str = ""
+    # Reconcile interval: how soon drift is found and put back on a runtime without container events.
+    enforce_interval_seconds: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -487,6 +494,9 @@ def _kubernetes(t: _Table) -> KubernetesConfig:
     api_server = t.string("api_server", d.api_server)
     if api_server and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", api_server):
         raise t.error("api_server", f"{shorten(api_server)} is not an http(s):// URL")
+    runtime_endpoint = t.string("runtime_endpoint", d.runtime_endpoint)
+    if runtime_endpoint and not re.fullmatch(r"(unix://)?/\S+", runtime_endpoint):
+        raise t.error("runtime_endpoint", f"{shorten(runtime_endpoint)} is not a unix:///path socket endpoint")
     cfg = KubernetesConfig(
         enabled=t.boolean("enabled", d.enabled), node_name=node_name, api_server=api_server,
         kubelet_config=t.path("kubelet_config", d.kubelet_config),
@@ -494,7 +504,9 @@ def _kubernetes(t: _Table) -> KubernetesConfig:
         pod_resources_seconds=t.seconds("pod_resources_seconds", d.pod_resources_seconds),
         backoff_initial_seconds=t.seconds("backoff_initial_seconds", d.backoff_initial_seconds),
         backoff_max_seconds=t.seconds("backoff_max_seconds", d.backoff_max_seconds),
-        force_conflicts=t.boolean("force_conflicts", d.force_conflicts))
+        force_conflicts=t.boolean("force_conflicts", d.force_conflicts),
+        enforce=t.boolean("enforce", d.enforce), runtime_endpoint=runtime_endpoint,
+        enforce_interval_seconds=t.seconds("enforce_interval_seconds", d.enforce_interval_seconds))
     if cfg.backoff_max_seconds < cfg.backoff_initial_seconds:
         raise t.error("backoff_max_seconds", f"{cfg.backoff_max_seconds:g} is below backoff_initial_seconds "
                                              f"({cfg.backoff_initial_seconds:g})")

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -44,6 +44,11 @@ from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
 from .sockets import SocketInUseError
 from .state import TopologyState
+
+if TYPE_CHECKING:
+    from memtopo.hostfs import HostFS
+
+    from .enforce import Enforcer, PodReporter, PodSource
 
 log = get_logger(component="agent")
 
@@ -86,8 +91,12 @@ class Sidecar(Protocol):
 
 class Agent:
     def __init__(self, config: AgentConfig, notifier: Notifier | None = None,
-                 sidecar: Sidecar | None = None) -> None:
+                 sidecar: Sidecar | None = None, pod_source: PodSource | None = None,
+                 pod_reporter: PodReporter | None = None) -> None:
         self.config = config
+        # The API side of kubernetes.enforce (agent/enforce.py's seams), given by whoever builds the agent.
+        self.pod_source, self.pod_reporter = pod_source, pod_reporter
+        self.enforcer: Enforcer | None = None
         self.sidecar = sidecar
         self.notifier = notifier or Notifier.from_environment()
         self.state = TopologyState()
@@ -129,6 +138,8 @@ class Agent:
         checks["apply_journals"] = engine.unreadable_message()[:1000] if engine is not None and bad else "ok"
         # A NodeResourceTopology behind the topology makes the pod unready (the agent keeps serving).
         k8s_ok, checks["kubernetes"] = self.k8s_publisher.status() if self.k8s_publisher else (True, "not configured")
+        if self.config.kubernetes.enforce:
+            checks["enforce"] = self.enforcer.status()[1] if self.enforcer else "no pod source: nothing is enforced"
         started, overdue = self.discovery_started, self.discovery_overdue
         if overdue and started is not None:
             # Unready: what is served may no longer be the host. The loop itself is fine (/healthz).
@@ -476,6 +487,10 @@ class Agent:
                 self.k8s_publisher = publisher_for(self.config.kubernetes, self.config.node_name, ctx.fs, self.state,
                                                    self.metrics.registry)
                 tasks.append(asyncio.create_task(self.k8s_publisher.run(), name="kubernetes_publisher"))
+            if self.config.kubernetes.enforce:
+                self.enforcer = self._start_enforcer(ctx.fs)
+                if self.enforcer is not None:
+                    tasks.append(asyncio.create_task(self.enforcer.run(), name="cpu_enforcement"))
             self.notifier.ready(f"serving generation {self.state.generation}")
             log.info("agent_ready", node=self.config.node_name, generation=self.state.generation,
                      socket=self.socket_path, tcp_port=self.tcp_port,
@@ -484,6 +499,20 @@ class Agent:
             failed = await self._tick_until_stopped(tasks)
             await self._shutdown(server, front, plans, tasks, monitor)
         return EXIT_FAILURE if failed else EXIT_OK
+
+    def _start_enforcer(self, fs: HostFS) -> Enforcer | None:
+        if self.pod_source is None or self.pod_reporter is None:
+            log.error("enforce_without_pod_source", key="kubernetes.enforce",
+                      message="no pod source from the API server is wired into this agent; nothing is enforced")
+            return None
+        from memtopo.agent.enforce import enforcer_for
+
+        def topology() -> pb.MemoryTopology | None:
+            cur = self.state.current
+            return cur.topology if cur is not None else None
+
+        return enforcer_for(self.config.kubernetes, self.config.node_name, fs, topology, self.pod_source,
+                            self.pod_reporter, self.metrics.registry)
 
     async def _start_sidecar(self, sidecar: Sidecar) -> None:
         import dataclasses

@@ -453,3 +453,49 @@ def _wrap_stream_response(behavior: _Behavior, rec: _MethodMetrics) -> _Behavior
         with _measured(rec, seen):
             yield from behavior(request, seen)
     return stream_sync
+
+
+# ---- CPU enforcement through the container runtime (agent/enforce.py) ----------------------------
+EnforceState = Literal["off", "waiting", "kubelet", "active", "runtime_unavailable", "config_unreadable"]
+ENFORCE_STATES: Final[tuple[EnforceState, ...]] = get_args(EnforceState)
+ENFORCE_POD_STATES: Final = ("applied", "pending", "failed")
+ENFORCE_UPDATE_RESULTS: Final = ("ok", "failed", "undone")
+# A pass lists the runtime's containers and reads their cgroups: milliseconds, up to seconds with a
+# slow runtime (each CRI call has its own deadline).
+ENFORCE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class EnforceMetrics:
+    """The enforcement's series, on the agent's registry (``memtopo_enforce_*``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = registry or CollectorRegistry()
+        self._state = _StateSet(PREFIX + "enforce_state",
+                                "What the CPU enforcement does (1 = current): off, waiting (for pods or a "
+                                "topology), kubelet (the kubelet's static CPU manager owns cpusets), active, "
+                                "runtime_unavailable, config_unreadable.", None, "state", ENFORCE_STATES)
+        reg.register(self._state)
+        self._state.set("", "off")
+        self.pods = Gauge(PREFIX + "enforce_pods", "Pods with exclusive CPUs, by outcome of the last pass.",
+                          ["state"], registry=reg)
+        self.updates = Counter(PREFIX + "enforce_updates",
+                               "CRI UpdateContainerResources calls, by result (undone: rolled back because another "
+                               "container of the same pod failed).", ["result"], registry=reg)
+        self.drift = Counter(PREFIX + "enforce_drift",
+                             "Containers found off the cpuset memtopo gave them, and put back.", registry=reg)
+        self.reports_failed = Counter(PREFIX + "enforce_reports_failed",
+                                      "Pod status annotations or Events that could not be written (retried).",
+                                      registry=reg)
+        self.pass_duration = Histogram(PREFIX + "enforce_pass_duration_seconds", "Time one enforcement pass took.",
+                                       buckets=ENFORCE_BUCKETS, registry=reg)
+        for s in ENFORCE_POD_STATES:
+            self.pods.labels(s)
+        for r in ENFORCE_UPDATE_RESULTS:
+            self.updates.labels(r)
+
+    def set_state(self, state: EnforceState) -> None:
+        self._state.set("", state)
+
+    @property
+    def state(self) -> EnforceState:
+        return cast(EnforceState, self._state.snapshot()[""])

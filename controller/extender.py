@@ -38,7 +38,7 @@ import structlog
 from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.kubeapi import KubeApiError, PodApi
 from memtopo.controller.state import ControllerState
-from memtopo.k8s import quantity
+from memtopo.k8s import enforcement, quantity
 from memtopo.k8s.resources import AMD_GPU, ASCEND_910, KUNLUNXIN_XPU, NVIDIA_GPU, XPU_DEVICE_ANNOTATION
 from memtopo.planner import fleet as fleet_policies
 from memtopo.planner import hccs, place, xpu
@@ -62,8 +62,9 @@ MEMORY_POLICY_ANNOTATION: Final = "memtopo.io/memory-policy"
 ALLOW_CXL_ANNOTATION: Final = "memtopo.io/allow-cxl"
 # Written by bind: {"node", "resource", "ids"}; the ledger reads them back from every bound pod.
 ALLOCATION_ANNOTATION: Final = "memtopo.io/allocation"
-# Written by bind for a place pod: the node's decision (CPUs, GPUs, memory nodes, memory policy).
-PLACEMENT_ANNOTATION: Final = "memtopo.io/placement"
+# Written by bind for a place pod: the node's decision (CPUs, GPUs, memory nodes, memory policy),
+# which the node's CPU enforcement (agent/enforce.py) carries out.
+PLACEMENT_ANNOTATION: Final = enforcement.PLACEMENT_ANNOTATION
 XPU_ANNOTATION: Final = XPU_DEVICE_ANNOTATION
 POD_SIZES: Final = (1, 2, 4, 8)
 MAX_NAME: Final = 253

@@ -49,7 +49,8 @@ SPEC_KEYS = {
     "log.level", "log.format",
     "kubernetes.enabled", "kubernetes.node_name", "kubernetes.api_server", "kubernetes.kubelet_config",
     "kubernetes.pod_resources_socket", "kubernetes.pod_resources_seconds", "kubernetes.backoff_initial_seconds",
-    "kubernetes.backoff_max_seconds", "kubernetes.force_conflicts",
+    "kubernetes.backoff_max_seconds", "kubernetes.force_conflicts", "kubernetes.enforce",
+    "kubernetes.runtime_endpoint", "kubernetes.enforce_interval_seconds",
 }
 
 
@@ -495,6 +496,8 @@ _PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "kubernetes.pod_resources_socket": st.sampled_from(["", "/var/lib/kubelet/pod-resources/kubelet.sock"]),
     "kubernetes.pod_resources_seconds": st.floats(0.1, 60), "kubernetes.backoff_initial_seconds": st.floats(0.1, 5),
     "kubernetes.backoff_max_seconds": st.floats(0.1, 120), "kubernetes.force_conflicts": st.booleans(),
+    "kubernetes.enforce": st.booleans(), "kubernetes.enforce_interval_seconds": st.floats(0.01, 5),
+    "kubernetes.runtime_endpoint": st.sampled_from(["", "unix:///run/containerd/containerd.sock", "tcp://x:1"]),
 }
 
 
@@ -581,5 +584,11 @@ def test_kubernetes_section() -> None:
     assert error_of('[kubernetes]\nnode_name = "GPU_1"\n').key == "kubernetes.node_name"
     assert error_of('[kubernetes]\napi_server = "10.0.0.1:6443"\n').key == "kubernetes.api_server"
     assert error_of('[kubernetes]\nkubelet_config = "config.yaml"\n').key == "kubernetes.kubelet_config"
+    assert error_of('[kubernetes]\nruntime_endpoint = "tcp://10.0.0.1:1234"\n').key == "kubernetes.runtime_endpoint"
+    assert error_of("[kubernetes]\nenforce_interval_seconds = 0.001\n").key == "kubernetes.enforce_interval_seconds"
+    on = parse_config('[kubernetes]\nenforce = true\nruntime_endpoint = "/run/k3s/containerd/containerd.sock"\n',
+                      "k.toml").kubernetes
+    assert (on.enforce, on.runtime_endpoint, on.enforce_interval_seconds) == (
+        True, "/run/k3s/containerd/containerd.sock", 1.0)
     err = error_of("[kubernetes]\nbackoff_initial_seconds = 5\nbackoff_max_seconds = 1\n")
     assert err.key == "kubernetes.backoff_max_seconds"

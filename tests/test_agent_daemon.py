@@ -64,3 +64,54 @@ def test_a_requested_stop_is_a_clean_exit(tmp_path: Path) -> None:
         code = _run(agent, agent.request_stop)
     assert code == EXIT_OK
     assert not [e for e in logs if e["event"] == "agent_task_ended"]
+
+
+def _enforcing_agent(tmp_path: Path, with_seams: bool) -> Agent:
+    from tests.enforce_standins import StandinPods, StandinReporter
+
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'node_name = "inproc"\nroot = "{lab_root("dual-socket-cxl")}"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[listen]\nsocket = "{tmp_path / "agent.sock"}"\n'
+        '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n'
+        f'[kubernetes]\nenforce = true\nruntime_endpoint = "unix://{tmp_path}/none.sock"\n'
+        'enforce_interval_seconds = 0.1\n')
+    seams: dict[str, Any] = {"pod_source": StandinPods(), "pod_reporter": StandinReporter()} if with_seams else {}
+    return Agent(load_config(config), notifier=Notifier(None), **seams)
+
+
+def test_enforce_without_a_pod_source_says_so_and_serves(tmp_path: Path) -> None:
+    agent = _enforcing_agent(tmp_path, with_seams=False)
+    seen: dict[str, Any] = {}
+
+    def check() -> None:
+        seen["ready"] = agent.ready()
+        agent.request_stop()
+
+    with structlog.testing.capture_logs() as logs:
+        assert _run(agent, check) == EXIT_OK
+    ready, checks = seen["ready"]
+    assert ready and checks["enforce"] == "no pod source: nothing is enforced"
+    assert [e for e in logs if e["event"] == "enforce_without_pod_source"]
+
+
+def test_enforce_runs_beside_the_agent_and_reports_in_readyz(tmp_path: Path) -> None:
+    """The captured root has no kubelet configuration: the enforcement changes nothing and says why,
+    and the agent stays ready and stops cleanly with the enforcement task running."""
+    agent = _enforcing_agent(tmp_path, with_seams=True)
+    seen: dict[str, Any] = {}
+
+    async def settle() -> None:
+        while agent.enforcer is None or agent.enforcer.last.state == "waiting":
+            await asyncio.sleep(0.02)
+
+    def done(_task: asyncio.Task[None]) -> None:
+        seen["ready"] = agent.ready()
+        agent.request_stop()
+
+    def check() -> None:
+        asyncio.get_running_loop().create_task(settle()).add_done_callback(done)
+
+    assert _run(agent, check) == EXIT_OK
+    ready, checks = seen["ready"]
+    assert ready and checks["enforce"].startswith("config_unreadable: kubelet configuration: no kubelet config")

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates memtopo/v1/*_pb2*.py(i) and memtopo/k8s/api/podresources/v1/ (memtopo's schema of the kubelet's PodResources API)
+# Regenerates memtopo/v1/*_pb2*.py(i), memtopo/k8s/api/podresources/v1/ (memtopo's schema of the kubelet's PodResources API)
+# and memtopo/k8s/api/cri/v1/ (memtopo's schema of the container runtime's CRI runtime.v1 API)
 # from proto/. CI runs it with --check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 export PATH="$(dirname "$py"):$PATH"
-outs=(memtopo/v1 memtopo/k8s/api/podresources/v1)
+outs=(memtopo/v1 memtopo/k8s/api/podresources/v1 memtopo/k8s/api/cri/v1)
 gen() {
   local dest=$1 out
   for out in "${outs[@]}"; do

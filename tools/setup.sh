@@ -19,6 +19,15 @@ if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v 
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium fonts-liberation fonts-dejavu-core >/dev/null; } ||
     echo "tools/setup.sh: could not install chromium; the fleet page's browser tests will skip" >&2
 fi
+# The CRI enforcement tests drive a real containerd (Debian's containerd and runc) with an image built
+# from the static busybox; installed only where missing and only as root, else those tests skip and say
+# why. The package's own service is not wanted: the tests start containerd as their child.
+if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1 &&
+   ! { command -v containerd && command -v runc && command -v ctr && [[ -x /bin/busybox ]]; } >/dev/null 2>&1; then
+  { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends containerd runc busybox-static >/dev/null; } ||
+    echo "tools/setup.sh: could not install containerd; the CRI enforcement tests will skip" >&2
+fi
 stamp=.venv/.memtopo-setup
 want=$(sha256sum pyproject.toml | cut -c1-16)
 if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then

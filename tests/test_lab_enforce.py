@@ -1,0 +1,72 @@
+"""The CPU enforcement on a real containerd inside the numa-vm lab (``dual-socket-cxl``: CPUs 0-1 on
+node 0, 2-3 on node 1, node 2 memory without CPUs), with cgroup v1 and with cgroup v2: memory nodes
+(``Mems_allowed_list``) really change on several NUMA nodes, which this one-node host cannot show.
+The guest runs tests/lab_enforce_script.py; the assertions are made here. Two guests boot in parallel.
+Runs when MEMTOPO_LAB=1 (tools/test.sh sets it after ``numa-vm setup`` succeeded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.fixtures import REPO, SHARED
+
+NUMA_VM = SHARED / "lab" / "numa-vm"
+MARK = "LAB-ENFORCE-REPORT:"
+PROFILE = "dual-socket-cxl"
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.environ.get("MEMTOPO_LAB") != "1", reason="MEMTOPO_LAB=1 not set (lab not set up)"),
+]
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict[str, Any]]:
+    procs = {
+        version: subprocess.Popen(
+            [str(NUMA_VM), "run", "--profile", PROFILE, "--cgroup", version, "--timeout", "900", "--",
+             str(REPO / ".venv/bin/python"), "tests/lab_enforce_script.py"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        for version in ("v1", "v2")
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for version, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=1200)
+        line = next((ln for ln in stdout.splitlines() if ln.startswith(MARK)), None)
+        assert proc.returncode == 0 and line is not None, f"{version}: exit {proc.returncode}\n{stderr[-3000:]}"
+        out[version] = json.loads(line[len(MARK):])
+    return out
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_pods_are_pinned_with_their_memory_nodes(reports: dict[str, dict[str, Any]], version: str) -> None:
+    r = reports[version]
+    assert r["cgroup"] == version and "unavailable" not in r and "error" not in r, r
+    assert r["node"]["numa"] == {"0": [0, 1], "1": [2, 3]} and r["node"]["memory_nodes"] == [0, 1, 2]
+    assert r["node"]["reserved"] == [0]  # no reservedSystemCPUs: the first CPU stays shared
+    placed = r["scenarios"]["placed"]
+    assert placed["state"] == "active"
+    numa1, far = placed["numa1"], placed["far"]
+    assert numa1["status"]["state"] == "applied" and numa1["status"]["source"] == "placement"
+    assert (numa1["cgroup_cpus"], numa1["cgroup_mems"]) == ("2-3", "1")
+    assert (numa1["cpus_allowed"], numa1["mems_allowed"]) == ("2-3", "1")
+    # Memory on the node of the CPUs and on the CPU-less far-memory node.
+    assert (far["cgroup_cpus"], far["cgroup_mems"], far["mems_allowed"]) == ("1", "0,2", "0,2")
+    assert placed["shared"]["cgroup_cpus"] == "0" and placed["shared"]["cpus_allowed"] == "0"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_release_and_a_pod_without_placement(reports: dict[str, dict[str, Any]], version: str) -> None:
+    r = reports[version]
+    assert r["scenarios"]["released"]["shared"]["cgroup_cpus"] == "0,2-3"
+    chosen = r["scenarios"]["chosen"]
+    # Node 1 is the emptiest node with free CPUs (node 0's are reserved or held): its first core,
+    # memory on node 1; the shared pool keeps the rest.
+    assert chosen["status"]["state"] == "applied" and chosen["status"]["source"] == "chosen"
+    assert (chosen["cgroup_cpus"], chosen["mems_allowed"]) == ("2", "1")
+    assert chosen["shared"]["cgroup_cpus"] == "0,3"
