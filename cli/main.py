@@ -10,8 +10,8 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Sequence
+from typing import NoReturn
 
 from memtopo import __version__
 from memtopo.cli import apply as apply_cli
@@ -19,32 +19,10 @@ from memtopo.cli import controller as controller_cli
 from memtopo.cli import k8s as k8s_cli
 from memtopo.cli import plan as plan_cli
 from memtopo.cli import query as query_cli
+from memtopo.cli.inputs import context_for
 from memtopo.cli.output import fail
 
-if TYPE_CHECKING:
-    from memtopo.discovery.source import ProbeContext
-
 EXIT_USAGE = 2
-
-
-@contextlib.contextmanager
-def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContext]:
-    from pathlib import Path
-
-    from memtopo.discovery.capture import CaptureError, open_root
-    from memtopo.discovery.source import ProbeContext
-
-    if hwloc_xml is not None:
-        xml = Path(hwloc_xml)
-        if not xml.exists():
-            raise CaptureError(f"{xml}: no such file")
-        yield ProbeContext.at_root("/", hwloc_xml=xml.absolute())
-        return
-    if root is None:
-        yield ProbeContext.live()
-        return
-    with open_root(root) as path:
-        yield ProbeContext.at_root(path)
 
 
 def cmd_topo(args: argparse.Namespace) -> int:

@@ -28,20 +28,13 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 from memtopo.cli.output import error_document, write_document
+from memtopo.cli.plan_errors import InvalidRootError, UsageError
 
 EXIT_OK: Final = 0
 EXIT_UNSATISFIABLE: Final = 1
 EXIT_INVALID: Final = 2
 EXIT_INTERNAL: Final = 3
 EMIT_CHOICES: Final = ("decision", "plan", "both")
-
-
-class UsageError(Exception):
-    """A combination of options the command cannot act on (e.g. ``--emit plan`` without ``--pid``)."""
-
-
-class InvalidRootError(Exception):
-    """``--root`` names something that is not a readable captured root."""
 
 
 # Not the caller's input to fix: a bug, or (``memtopo controller place``) a controller out of reach.
