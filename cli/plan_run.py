@@ -238,10 +238,12 @@ def run_guest_pci(args: argparse.Namespace, obj: Any) -> PlanOutput:
 
 def parse_topology(obj: Any) -> pb.MemoryTopology:
     """A MemoryTopology from proto3 JSON (what ``memtopo topo --format json`` prints)."""
+    from memtopo.protojson import ProtoJsonError, from_json
+
     topo = pb.MemoryTopology()
     try:
-        json_format.ParseDict(dict(as_object(obj, "topology")), topo)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        from_json(dict(as_object(obj, "topology")), topo)
+    except ProtoJsonError as exc:
         raise PlanError("invalid_request", f"topology: not a MemoryTopology in proto3 JSON: {exc}") from None
     return topo
 
