@@ -96,8 +96,9 @@ def check_free(addresses: Mapping[str, str]) -> None:
             if port == 0:
                 continue
             try:
-                family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                                   flags=socket.AI_PASSIVE)[0]
+                found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+                # IPv4 first, as the servers bind a name such as localhost.
+                family, kind, proto, _, where = min(found, key=lambda f: f[0] != socket.AF_INET)
             except (OSError, UnicodeError) as exc:
                 raise AddressInUseError(key, address, f"cannot resolve {shorten(host)}: {exc}") from None
             first = seen.setdefault((str(where[0]), port), key)

@@ -216,6 +216,28 @@ def test_serve_refuses_one_address_for_two_listeners(tmp_path: Path) -> None:
     assert left_behind(tmp_path) == []
 
 
+def test_check_free_names_the_key_of_each_address_it_cannot_have() -> None:
+    from memtopo.addresses import AddressInUseError, check_free
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    busy = f"127.0.0.1:{holder.getsockname()[1]}"
+    try:
+        cases = {"taken": ({"a": f"127.0.0.1:{free_port()}", "b": busy}, "b", "address already in use"),
+                 "twice": ({"a": "127.0.0.1:1", "b": "unix:/x", "c": "127.0.0.1:1"}, "c", "also given as a"),
+                 "not here": ({"a": "192.0.2.1:80"}, "a", "cannot assign requested address"),
+                 "no such name": ({"a": "no-such-host.invalid:80"}, "a", "cannot resolve no-such-host.invalid")}
+        for what, (addresses, key, reason) in cases.items():
+            with pytest.raises(AddressInUseError) as err:
+                check_free(addresses)
+            assert err.value.key == key and reason in str(err.value), what
+        check_free({"a": "127.0.0.1:0", "b": "", "c": "unix:/run/x.sock", "d": f"localhost:{free_port()}"})
+    finally:
+        holder.close()
+    check_free({"b": busy})  # let go: free again
+
+
 def test_a_listener_failing_after_the_controller_started_unwinds_it(tmp_path: Path) -> None:
     """A read socket that cannot be created fails after the embedded controller is up and the agent's
     own socket exists: both are taken down again, exit 78 naming the key."""
