@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from memtopo import __version__
+from memtopo.addresses import AddressError, AddressInUseError, check_free
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
 from memtopo.discovery.capture import open_root
@@ -32,13 +33,13 @@ from memtopo.discovery.fingerprint import fingerprint
 from memtopo.discovery.isolated import discover_in_child
 from memtopo.discovery.source import ProbeContext
 from memtopo.grpcserve import grpc_server
+from memtopo.logs import Throttle, get_logger
 from memtopo.v1 import topology_pb2 as pb
 
 from . import peers, transport
 from .config import AgentConfig, ConfigError
 from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
 from .link import Backoff, ControllerLink, LinkState
-from .logs import Throttle, get_logger
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
@@ -83,8 +84,14 @@ class Sidecar(Protocol):
     """A controller started in the agent's process (``serve --with-controller``), which the agent links
     to over loopback; the command line provides it, so the agent never imports the controller."""
 
+    source: str  # what names its addresses in an error ("command line")
+
+    def addresses(self) -> Mapping[str, str]:
+        """The TCP addresses it will listen on, by the option that gave each (checked with the
+        agent's own before anything starts)."""
+
     async def start(self) -> str:
-        """Starts it; the loopback address the agent's link dials."""
+        """Starts it (ConfigError when it cannot listen); the loopback address the agent's link dials."""
 
     async def stop(self) -> None: ...
 
@@ -121,6 +128,9 @@ class Agent:
         self.exit_on_stop_overrun = False
         self._overrun_timer: threading.Timer | None = None
         self._throttle = Throttle()
+        # Called once the agent serves (its listeners bound, the first generation published): the
+        # command line prints what a person can do with it, at the addresses actually bound.
+        self.on_ready: Callable[[], None] | None = None
 
     # ---- HealthSource (read from the HTTP threads) -------------------------------------------------
     def alive(self) -> tuple[bool, str]:
@@ -442,9 +452,40 @@ class Agent:
                              (signal.SIGHUP, lambda: self.request_rescan("sighup"))):
             loop.add_signal_handler(sig, handler)
         self.liveness.tick()
+        self._check_addresses()
+        # What has started, undone in reverse if a later step fails: a start that cannot complete
+        # leaves no listener and no socket file behind (and exits 78 when a config key is the cause).
+        started: list[Callable[[], Awaitable[None]]] = []
+        try:
+            return await self._run(started)
+        except BaseException:
+            for undo in reversed(started):
+                with contextlib.suppress(Exception):
+                    await undo()
+            raise
+
+    def _check_addresses(self) -> None:
+        """Every TCP address this process will listen on, bound at once before any listener starts: a
+        taken one (or one given twice) is a ConfigError naming its key, with nothing started."""
+        own = {"health.listen": self.config.health.listen, "listen.tcp": self.config.listen.tcp}
+        extra = dict(self.sidecar.addresses()) if self.sidecar is not None else {}
+        try:
+            check_free({**own, **extra})
+        except (AddressInUseError, AddressError) as exc:
+            key = getattr(exc, "key", "")
+            source = self.sidecar.source if self.sidecar is not None and key in extra else self.config.source
+            raise ConfigError(key, str(exc), source) from None
+
+    async def _run(self, started: list[Callable[[], Awaitable[None]]]) -> int:
         if self.config.health.listen:
             with self._config_key("health.listen"):
                 self.health_server = start_health_server(self.config.health.listen, self)
+            started.append(self._stop_health)
+        if self.sidecar is not None:
+            # Before discovery: the controller is there when the link first dials it.
+            sidecar = self.sidecar
+            await self._start_sidecar(sidecar)
+            started.append(sidecar.stop)
         self.notifier.status("discovering")
         engine = Engine(Host.live(), self._current_topology, self.config.apply_state_dir,
                         self.config.apply)
@@ -464,20 +505,27 @@ class Agent:
             if self.config.discovery.udev and self.config.root in ("", "/"):
                 monitor = self._start_udev()
             await self._discover_and_publish(ctx, "start")
-            if self._stop.is_set():  # stopped during the first discovery: nothing was started
+            if self._stop.is_set():  # stopped during the first discovery: nothing else was started
                 if monitor is not None:
                     asyncio.get_running_loop().remove_reader(monitor.fileno())
-                if self.health_server is not None:
-                    self.health_server.stop()
+                for undo in reversed(started):
+                    await undo()
+                started.clear()
                 log.info("agent_stopped", generation=self.state.generation)
                 return EXIT_OK
             self._ready.discovered = self.state.current is not None
             server, front = await self._start_grpc(plans)
             self.server = server
+
+            async def stop_servers() -> None:
+                await server.stop(None)
+                if self.read_server is not None:
+                    await self.read_server.stop(None)
+                await front.stop()
+
+            started.append(stop_servers)
             self._ready.listening = True
             tasks.append(asyncio.create_task(self._rescan_loop(ctx), name="rescan_loop"))
-            if self.sidecar is not None:
-                await self._start_sidecar(self.sidecar)
             self.link = self._start_link(plans)
             if self.link is not None:
                 tasks.append(asyncio.create_task(self.link.run(), name="controller_link"))
@@ -491,11 +539,15 @@ class Agent:
                 self.enforcer = self._start_enforcer(ctx.fs)
                 if self.enforcer is not None:
                     tasks.append(asyncio.create_task(self.enforcer.run(), name="cpu_enforcement"))
+            # Serving: from here a stop is the graceful one below.
+            started.clear()
             self.notifier.ready(f"serving generation {self.state.generation}")
             log.info("agent_ready", node=self.config.node_name, generation=self.state.generation,
                      socket=self.socket_path, tcp_port=self.tcp_port,
                      health=self.health_server.url if self.health_server else None,
                      controller=self.config.controller.address or None)
+            if self.on_ready is not None:
+                self.on_ready()
             failed = await self._tick_until_stopped(tasks)
             await self._shutdown(server, front, plans, tasks, monitor)
         return EXIT_FAILURE if failed else EXIT_OK
@@ -513,6 +565,9 @@ class Agent:
 
         return enforcer_for(self.config.kubernetes, self.config.node_name, fs, topology, self.pod_source,
                             self.pod_reporter, self.metrics.registry)
+    async def _stop_health(self) -> None:
+        if self.health_server is not None:
+            self.health_server.stop()
 
     async def _start_sidecar(self, sidecar: Sidecar) -> None:
         import dataclasses

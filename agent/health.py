@@ -23,7 +23,8 @@ from http import HTTPStatus
 from typing import Final, Protocol
 from urllib.parse import urlsplit
 
-from .logs import get_logger
+from memtopo.logs import get_logger
+
 from .metrics import AgentMetrics
 
 log = get_logger(component="health")

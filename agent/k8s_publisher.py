@@ -26,11 +26,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from memtopo.agent.config import KubernetesConfig
 from memtopo.agent.link import Backoff
-from memtopo.agent.logs import get_logger
 from memtopo.agent.state import TopologyState
 from memtopo.hostfs import HostFS
 from memtopo.k8s.facts import KubeletFacts, PodResourcesView
 from memtopo.k8s.nrt import API_VERSION, NrtError, build_nrt
+from memtopo.logs import get_logger
 from memtopo.v1 import topology_pb2 as pb
 
 log = get_logger(component="k8s_publisher")

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from memtopo.logs import Throttle, get_logger
 from memtopo.text import reason
 
 from . import peers
-from .logs import Throttle, get_logger
 from .peers import Admission, ConnectionLimits, PeerCred
 
 log = get_logger(component="transport")

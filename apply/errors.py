@@ -59,5 +59,14 @@ class LaunchError(ApplyError):
     """``memtopo exec`` could not set up the policy or start the command."""
 
 
+class CommandNotStartedError(LaunchError):
+    """The policy is in place but the command could not be executed; ``errno`` says why (ENOENT: no
+    such command; EACCES, ENOEXEC …: found, but not executable)."""
+
+    def __init__(self, message: str, errno: int) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
 def errno_name(code: int) -> str:
     return errno_mod.errorcode.get(code, f"errno {code}")

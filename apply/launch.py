@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from memtopo.apply.errors import KernelCallError, LaunchError
+from memtopo.apply.errors import CommandNotStartedError, KernelCallError, LaunchError
 from memtopo.apply.host import MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED, HostFiles, Ids, Kernel
 from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
 from memtopo.hostfs import HostReadError
@@ -123,6 +123,6 @@ def launch(argv: Sequence[str], policy: MemPolicySpec | None, cpus: Ids | None, 
     try:
         execvp(argv[0], list(argv))
     except OSError as exc:
-        raise LaunchError(f"{argv[0]}: {exc.strerror or exc}") from exc
+        raise CommandNotStartedError(f"{argv[0]}: {exc.strerror or exc}", exc.errno or 0) from exc
     # Only a test's execvp returns.
     raise LaunchError(f"{argv[0]}: exec returned")

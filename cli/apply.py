@@ -7,6 +7,8 @@
 
 Exit status: 0 applied / unchanged / dry run / rolled back on request; 1 the plan was rejected,
 failed or rolled back because of a failure; 2 bad usage or an unusable plan file or state dir.
+``exec`` exits with the command's own status; 127 when there is no such command, 126 when it
+cannot be executed, 2 for a bad policy or CPU list.
 
 Test hook: ``MEMTOPO_APPLY_PAUSE_AFTER=<action id>[:<seconds>]`` pauses a real apply after that
 action (printing ``memtopo: paused after <id>`` on stderr and creating the file named by
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtopo.apply.defaults import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES
-from memtopo.cli.output import fail
+from memtopo.cli.output import fail, write_text
 
 if TYPE_CHECKING:
     from memtopo.apply import launch
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
 EXIT_USAGE = 2
+EXIT_CANNOT_EXECUTE = 126  # exec: the command was found but could not be run
+EXIT_NOT_FOUND = 127  # exec: no such command
 
 PAUSE_ENV = "MEMTOPO_APPLY_PAUSE_AFTER"
 PAUSE_MARKER_ENV = "MEMTOPO_APPLY_PAUSE_MARKER"
@@ -223,8 +227,10 @@ def _exec_policy(args: argparse.Namespace) -> launch.MemPolicySpec | None:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
+    import errno
+
     from memtopo.apply import launch
-    from memtopo.apply.errors import ApplyError
+    from memtopo.apply.errors import ApplyError, CommandNotStartedError
     from memtopo.apply.host import Host
     from memtopo.cpulist import CpuListError, parse_cpulist
 
@@ -238,6 +244,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
         launch.launch(command, policy, cpus, host.kernel, host.files)
     except CpuListError as exc:
         fail(f"--cpus: {exc}")
+    except CommandNotStartedError as exc:
+        fail(exc)
+        # The shell's convention (also env, nice, numactl): 127 no such command, 126 not executable.
+        return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
     except ApplyError as exc:
         fail(exc)
     return EXIT_USAGE
@@ -247,7 +257,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def _emit(result: planpb.PlanResult, fmt: str, plan: planpb.BindingPlan | None) -> None:
     from memtopo.cli.output import message_json
 
-    sys.stdout.write(message_json(result) + "\n" if fmt == "json" else render(result, plan))
+    write_text(message_json(result) + "\n" if fmt == "json" else render(result, plan))
 
 
 def render(result: planpb.PlanResult, plan: planpb.BindingPlan | None = None) -> str:

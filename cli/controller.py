@@ -2,7 +2,7 @@
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
                        [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F] [--http-insecure]]
-                       [--kube-api in-cluster|URL [--kube-refresh S]]
+                       [--kube-api in-cluster|URL [--kube-refresh S]] [--log-level L] [--log-format json|console]
     memtopo controller nodes [--format text|json]
     memtopo controller topology NODE [--format text|json]
     memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memtopo.cli import plan as plan_cli
-from memtopo.cli.output import error_document, fail
+from memtopo.cli.output import error_document, fail, write_text
 from memtopo.controller.defaults import (
     DEFAULT_HTTP,
     DEFAULT_LISTEN,
@@ -50,6 +49,9 @@ EXIT_NOT_APPLIED = 1
 EXIT_USAGE = 2
 EXIT_RPC = 3
 
+# memtopo.logs' words, written out here: --help must not import structlog.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("json", "console")
 RPC_TIMEOUT_S = 10.0
 # SubmitPlan waits on the agent; the client's deadline covers the controller's wait plus transit.
 SUBMIT_MARGIN_S = 10.0
@@ -143,6 +145,10 @@ def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
                         "http://127.0.0.1:8001 (default: none; bind then answers an Error)")
     p.add_argument("--kube-refresh", type=float, default=default(10.0), metavar="S",  # type: ignore[arg-type]
                    help="seconds between reads of the bound pods' device annotations (default 10)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default=default("info"),
+                   help="events at this level and above (default info)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default=default("json"),
+                   help="json: one object per line on stdout, as the agent logs (default); console: for a terminal")
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -187,6 +193,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve_until_signalled,
         server_credentials,
     )
+    from memtopo.logs import configure_logging
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ControllerConfigError("--tls-cert and --tls-key go together")
@@ -201,6 +208,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     refresh = float(getattr(args, "kube_refresh", 10.0))
     if not 0.1 <= refresh <= 3600:
         raise ControllerConfigError("--kube-refresh: 0.1 to 3600 seconds")
+    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
     asyncio.run(serve_until_signalled(args.listen, creds, http=getattr(args, "http", DEFAULT_HTTP) or None,
                                       http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False)),
                                       kube=kube, kube_refresh_s=refresh))
@@ -250,7 +258,9 @@ def _call(args: argparse.Namespace, method: str, request: Any, timeout: float = 
         try:
             return getattr(stub, method)(request, timeout=timeout)
         except grpc.RpcError as exc:
-            raise _RpcFailedError(f"controller {args.addr}: {exc.code().name}: {exc.details()}") from exc
+            from memtopo.cli.reach import CONTROLLER, rpc_failure
+
+            raise _RpcFailedError(rpc_failure(CONTROLLER, args.addr, exc)) from exc
 
 
 def _age(seconds: float) -> str:
@@ -265,13 +275,16 @@ def render_nodes(resp: apb.ListNodesResponse, now: float | None = None) -> str:
     import time
 
     from memtopo.cli.output import table
+    from memtopo.text import escaped
 
     if not resp.nodes:
         return "no nodes\n"
     clock = time.time() if now is None else now
-    rows = [[n.node_name, "connected" if n.connected else "disconnected", str(n.generation) if n.fingerprint else "-",
-             n.fingerprint[:12] or "-", str(n.numa_nodes), str(n.accelerators),
-             _age(clock - n.last_seen.ToNanoseconds() / 1e9) if n.HasField("last_seen") else "-", n.peer or "-"]
+    # Names from the network, escaped before the columns are measured: the rows stay aligned.
+    rows = [[escaped(n.node_name), "connected" if n.connected else "disconnected",
+             str(n.generation) if n.fingerprint else "-", escaped(n.fingerprint[:12]) or "-", str(n.numa_nodes),
+             str(n.accelerators), _age(clock - n.last_seen.ToNanoseconds() / 1e9) if n.HasField("last_seen") else "-",
+             escaped(n.peer) or "-"]
             for n in resp.nodes]
     headers = ["NODE", "LINK", "GENERATION", "FINGERPRINT", "NUMA", "ACCEL", "LAST SEEN", "PEER"]
     return "\n".join(table(headers, rows, indent="")) + "\n"
@@ -284,9 +297,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
     resp = _call(args, "ListNodes", apb.ListNodesRequest())
     if args.format == "json":
-        sys.stdout.write(message_json(resp, defaults=True) + "\n")
+        write_text(message_json(resp, defaults=True) + "\n")
     else:
-        sys.stdout.write(render_nodes(resp))
+        write_text(render_nodes(resp))
     return EXIT_OK
 
 
@@ -298,11 +311,11 @@ def cmd_topology(args: argparse.Namespace) -> int:
     if args.format == "json":
         from memtopo.cli.output import message_json
 
-        sys.stdout.write(message_json(topo, defaults=True) + "\n")
+        write_text(message_json(topo, defaults=True) + "\n")
     else:
         from memtopo.cli.render import render
 
-        sys.stdout.write(render(topo))
+        write_text(render(topo))
     return EXIT_OK
 
 
@@ -311,7 +324,7 @@ def _emit_result(result: planpb.PlanResult, fmt: str, plan: planpb.BindingPlan |
     from memtopo.cli.apply import render as render_result
     from memtopo.cli.output import message_json
 
-    sys.stdout.write(message_json(result) + "\n" if fmt == "json" else render_result(result, plan))
+    write_text(message_json(result) + "\n" if fmt == "json" else render_result(result, plan))
     return EXIT_OK if result.state in ok_states() else EXIT_NOT_APPLIED
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from memtopo.cli.output import fail
+from memtopo.cli.output import fail, show_help
 from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS, DEFAULT_POD_RESOURCES_SOCKET
 
 EXIT_USAGE = 2
@@ -61,7 +61,8 @@ def cmd_nrt(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k8s = sub.add_parser("k8s", help="Kubernetes: the NodeResourceTopology object of this node")
-    ksub = k8s.add_subparsers(dest="k8s_command", required=True)
+    ksub = k8s.add_subparsers(dest="k8s_command", metavar="SUBCOMMAND")
+    k8s.set_defaults(func=show_help(k8s))
     nrt = ksub.add_parser("nrt", help="print this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)")
     nrt.add_argument("--root", help="read a captured root: a directory or a .tar.* archive")
     nrt.add_argument("--node-name", help="metadata.name (default: $NODE_NAME, else the discovered host name)")

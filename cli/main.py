@@ -10,41 +10,20 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Sequence
+from typing import NoReturn
 
 from memtopo import __version__
 from memtopo.cli import apply as apply_cli
 from memtopo.cli import controller as controller_cli
 from memtopo.cli import k8s as k8s_cli
+from memtopo.cli import manual
 from memtopo.cli import plan as plan_cli
 from memtopo.cli import query as query_cli
-from memtopo.cli.output import fail
-
-if TYPE_CHECKING:
-    from memtopo.discovery.source import ProbeContext
+from memtopo.cli.inputs import context_for
+from memtopo.cli.output import fail, show_help, write_text
 
 EXIT_USAGE = 2
-
-
-@contextlib.contextmanager
-def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContext]:
-    from pathlib import Path
-
-    from memtopo.discovery.capture import CaptureError, open_root
-    from memtopo.discovery.source import ProbeContext
-
-    if hwloc_xml is not None:
-        xml = Path(hwloc_xml)
-        if not xml.exists():
-            raise CaptureError(f"{xml}: no such file")
-        yield ProbeContext.at_root("/", hwloc_xml=xml.absolute())
-        return
-    if root is None:
-        yield ProbeContext.live()
-        return
-    with open_root(root) as path:
-        yield ProbeContext.at_root(path)
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
@@ -68,7 +47,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.links:
         from memtopo.cli.render import render_links
 
-        sys.stdout.write(render_links(topo))
+        write_text(render_links(topo))
     elif args.format == "json":
         from memtopo.cli.output import message_json
 
@@ -80,7 +59,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     else:
         from memtopo.cli.render import render
 
-        sys.stdout.write(render(topo, all_sources=args.sources))
+        write_text(render(topo, all_sources=args.sources))
     return 0
 
 
@@ -90,6 +69,7 @@ GATHER_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar")
 
 
 def cmd_gather(args: argparse.Namespace) -> int:
+    import tempfile
     from pathlib import Path
 
     from memtopo.discovery.capture import CaptureError, gather
@@ -98,32 +78,51 @@ def cmd_gather(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     root = Path(args.root)
-    if not out.name.endswith(GATHER_SUFFIXES):
+    suffix = next((s for s in GATHER_SUFFIXES if out.name.endswith(s)), None)
+    if suffix is None:
         fail(f"{args.out!r}: gather writes {', '.join(GATHER_SUFFIXES)} archives; name the output with one of "
              "these suffixes")
         return EXIT_USAGE
     if not out.parent.is_dir():
         fail(f"{args.out!r}: directory {str(out.parent)!r} does not exist")
         return EXIT_USAGE
+    if (out.exists() or out.is_symlink()) and not args.force:
+        fail(f"{args.out!r} exists; gather replaces it only with --force")
+        return EXIT_USAGE
     # Tools and NVML answer for this host only; a gather of another root records none.
     recorded = recordings(ProbeContext.live()) if root == Path("/") else None
-    existed = out.exists()
+    # Written beside it under another name, then moved into place: a failed gather leaves neither a
+    # half-written archive under the name nor a damaged earlier one.
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name.removesuffix(suffix)}-", suffix=suffix)
+    tmp = Path(tmp_name)
     try:
-        count = gather(out, root, recorded)
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)  # as an archive opened under its own name would be
+        count = gather(tmp, root, recorded)
+        if args.force:
+            tmp.replace(out)
+        else:
+            os.link(tmp, out)  # never over a file that appeared meanwhile
     except (CaptureError, OSError) as exc:
-        if not existed:  # no half-written archive left behind under a good name
-            with contextlib.suppress(OSError):
-                out.unlink()
         fail(exc if isinstance(exc, CaptureError) else f"{args.out!r}: cannot write: {exc.strerror or exc}")
         return EXIT_USAGE
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
     print(f"wrote {out} ({count} entries)")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memtopo", description="Memory topology node agent")
+    parser = argparse.ArgumentParser(
+        prog="memtopo", description="Memory topology node agent",
+        epilog="`memtopo COMMAND --help` shows a command's options; `bash tools/run.sh` in a checkout runs the "
+               "agent with a controller. README.md has the whole picture.")
     parser.add_argument("--version", action="version", version=f"memtopo {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(func=show_help(parser))
 
     topo = sub.add_parser("topo", help="discover and print the memory topology")
     src = topo.add_mutually_exclusive_group()
@@ -138,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     topo.set_defaults(func=cmd_topo)
 
     g = sub.add_parser("gather", help="capture this host's /sys and /proc topology files into a tarball")
-    g.add_argument("out", help="output archive (.tar.gz, .tar.xz or .tar)")
+    g.add_argument("out", help="output archive (.tar.gz, .tgz, .tar.xz, .txz or .tar)")
+    g.add_argument("--force", action="store_true", help="replace OUT if it exists")
     g.add_argument("--root", default="/", help=argparse.SUPPRESS)
     g.set_defaults(func=cmd_gather)
 
@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     query_cli.add_commands(sub)
     controller_cli.add_commands(sub)
     k8s_cli.add_commands(sub)
+    manual.add_commands(sub, parser)
     return parser
 
 

@@ -4,11 +4,15 @@ message a user can act on."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import argparse
+
     from google.protobuf.message import Message
+
+EXIT_USAGE = 2
 
 
 def message_json(msg: Message, *, defaults: bool = False, indent: int | None = 2) -> str:
@@ -29,8 +33,21 @@ def error_document(code: str, message: str, **extra: str) -> dict[str, dict[str,
 
 
 def fail(message: object) -> None:
-    """The one line a user reads when a command cannot do what was asked."""
-    print(f"memtopo: {message}", file=sys.stderr)
+    """The one line a user reads when a command cannot do what was asked (escaped: it may quote what a
+    server or a file said)."""
+    from memtopo.text import escaped
+
+    print(f"memtopo: {escaped(str(message))}", file=sys.stderr)
+
+
+def write_text(text: str, flush: bool = False) -> None:
+    """A view on stdout, every character a terminal would act on (a name with U+202E or U+0085 from a
+    node, an agent or a tool) escaped; newlines and the tabs between columns stay."""
+    from memtopo.text import escaped
+
+    sys.stdout.write(escaped(text, keep="\n\t"))
+    if flush:
+        sys.stdout.flush()
 
 
 def write_document(doc: Mapping[str, Any]) -> None:
@@ -41,3 +58,12 @@ def write_document(doc: Mapping[str, Any]) -> None:
     # whatever the stream's encoding.
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(doc, indent=indent) + "\n")
+
+
+def show_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """The handler of a command given without its sub-command (``memtopo``, ``memtopo plan``): that
+    command's help on stdout, and the usage exit status, since nothing was done."""
+    def handler(_: argparse.Namespace) -> int:
+        parser.print_help(sys.stdout)
+        return EXIT_USAGE
+    return handler

@@ -27,21 +27,14 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
-from memtopo.cli.output import error_document, write_document
+from memtopo.cli.output import error_document, show_help, write_document
+from memtopo.cli.plan_errors import InvalidRootError, UsageError
 
 EXIT_OK: Final = 0
 EXIT_UNSATISFIABLE: Final = 1
 EXIT_INVALID: Final = 2
 EXIT_INTERNAL: Final = 3
 EMIT_CHOICES: Final = ("decision", "plan", "both")
-
-
-class UsageError(Exception):
-    """A combination of options the command cannot act on (e.g. ``--emit plan`` without ``--pid``)."""
-
-
-class InvalidRootError(Exception):
-    """``--root`` names something that is not a readable captured root."""
 
 
 # Not the caller's input to fix: a bug, or (``memtopo controller place``) a controller out of reach.
@@ -70,9 +63,10 @@ def add_commands(subparsers: Any) -> None:
         "plan", help="run a placement policy on a JSON request and print the decision as JSON",
         description="Exit status: 0 decision, 1 unsatisfiable, 2 invalid request/topology/root or usage, "
                     "3 internal error. Errors are {\"error\": {\"code\", \"message\"}} on stdout.")
-    policies = plan.add_subparsers(dest="policy", required=True, metavar="POLICY", parser_class=_JsonErrorParser)
+    policies = plan.add_subparsers(dest="policy", metavar="POLICY", parser_class=_JsonErrorParser)
+    plan.set_defaults(func=show_help(plan))
 
-    cb = policies.add_parser("cpu-binding",
+    cb = policies.add_parser("cpu-binding", **_described("cpu-binding"),
                              help="CPU pools and roles per running Ascend NPU (vLLM-Ascend's CPU binding)")
     _request_and_root(cb)
     _plan_options(cb, "binding this process by thread role")
@@ -80,7 +74,8 @@ def add_commands(subparsers: Any) -> None:
                                             "among its processes, or the only running NPU)")
     cb.set_defaults(func=cmd_plan, run="run_cpu_binding")
 
-    pl = policies.add_parser("place", help="CPUs, GPUs and memory for one allocation on the node")
+    pl = policies.add_parser("place", **_described("place"),
+                             help="CPUs, GPUs and memory for one allocation on the node")
     _request_and_root(pl)
     _plan_options(pl, "binding this process to the CPUs and memory chosen")
     pl.set_defaults(func=cmd_plan, run="run_place")
@@ -90,13 +85,20 @@ def add_commands(subparsers: Any) -> None:
         ("hccs", "run_hccs", "rank Ascend 910 nodes for a job by HCCS ring", False),
         ("xpu", "run_xpu", "rank Kunlunxin P800 nodes for a task by MTF", False),
     ):
-        p = policies.add_parser(name, help=text)
+        p = policies.add_parser(name, help=text, **_described(name))
         _request_and_root(p, root=root)
         p.set_defaults(func=cmd_plan, run=run)
 
     mtf = policies.add_parser("mtf", help="MTF (minimized tasks to fill) of one Kunlunxin P800 node")
     mtf.add_argument("occupancy", help='8 characters of 0/1, the rightmost is XPU 0 ("00000011")')
     mtf.set_defaults(func=cmd_mtf)
+
+
+def _described(policy: str) -> dict[str, Any]:
+    """The policy's request format as its help's epilog, laid out as written."""
+    from memtopo.cli.plan_requests import REQUESTS
+
+    return {"epilog": REQUESTS[policy].epilog(policy), "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def _plan_options(p: argparse.ArgumentParser, what: str) -> None:

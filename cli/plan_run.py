@@ -4,14 +4,13 @@ and the BindingPlan a decision becomes (``memtopo.cli.plan`` parses and answers;
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from google.protobuf import json_format
 
-from memtopo.cli.plan import InvalidRootError, UsageError
+from memtopo.cli.plan_errors import InvalidRootError, UsageError
 from memtopo.pci import parse_bdf
 from memtopo.planner import cpu_binding, guest_pci, hccs, place, xpu
 from memtopo.planner.errors import PlanError
@@ -21,7 +20,6 @@ from memtopo.v1 import topology_pb2 as pb
 
 if TYPE_CHECKING:
     from memtopo.apply.host import HostFiles
-    from memtopo.discovery.source import ProbeContext
 
 CPU_BINDING_KEYS: Final = ("device_type", "allowed_cpus", "running_npus", "total_logic_npus", "topo_affinity",
                            "numa_cpus")
@@ -61,25 +59,18 @@ class Facts:
         return out
 
 
-@contextmanager
-def _context(root: str | None) -> Iterator[ProbeContext]:
-    from memtopo.cli.main import context_for
-
-    with context_for(root, None) as ctx:
-        yield ctx
-
-
 def discover_facts(root: str | None, with_irqs: bool = False, pid: int | None = None) -> Facts:
     """Discovery of ``root`` (None: this host); with the NPUs' IRQs when a plan will bind them.
 
     A plan for this host binds a process that runs here: ``pid`` must (a captured root has no
     processes; `memtopo apply` checks it where the plan runs)."""
     from memtopo.apply.host import HostFiles, Procs
+    from memtopo.cli.inputs import context_for
     from memtopo.discovery.capture import CaptureError
     from memtopo.discovery.discover import discover
 
     try:
-        with _context(root) as ctx:
+        with context_for(root, None) as ctx:
             if root is None and pid is not None and Procs(HostFiles(ctx.fs)).stat(pid) is None:
                 raise UsageError(f"--pid {pid}: no such process on this host")
             topo = discover(ctx)
@@ -247,10 +238,12 @@ def run_guest_pci(args: argparse.Namespace, obj: Any) -> PlanOutput:
 
 def parse_topology(obj: Any) -> pb.MemoryTopology:
     """A MemoryTopology from proto3 JSON (what ``memtopo topo --format json`` prints)."""
+    from memtopo.protojson import ProtoJsonError, from_json
+
     topo = pb.MemoryTopology()
     try:
-        json_format.ParseDict(dict(as_object(obj, "topology")), topo)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        from_json(dict(as_object(obj, "topology")), topo)
+    except ProtoJsonError as exc:
         raise PlanError("invalid_request", f"topology: not a MemoryTopology in proto3 JSON: {exc}") from None
     return topo
 

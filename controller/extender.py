@@ -33,20 +33,19 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final, Protocol
 
-import structlog
-
 from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.kubeapi import KubeApiError, PodApi
 from memtopo.controller.state import ControllerState
 from memtopo.k8s import enforcement, quantity
 from memtopo.k8s.resources import AMD_GPU, ASCEND_910, KUNLUNXIN_XPU, NVIDIA_GPU, XPU_DEVICE_ANNOTATION
+from memtopo.logs import get_logger
 from memtopo.planner import fleet as fleet_policies
 from memtopo.planner import hccs, place, xpu
 from memtopo.planner.errors import PlanError
 from memtopo.planner.fleet import DeviceView, FleetNode
 from memtopo.v1 import topology_pb2 as pb
 
-log = structlog.get_logger()
+log = get_logger(component="extender")
 
 PREFIX: Final = "/scheduler/"
 VERBS: Final = ("filter", "prioritize", "bind")

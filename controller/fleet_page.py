@@ -26,18 +26,17 @@ from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
-import structlog
-
 from memtopo.controller import fleet_assets
 from memtopo.controller.fleet import Fleet, NodeInfo
 from memtopo.controller.http import HttpError, Request, Response, Routes
 from memtopo.controller.state import ControllerState
 from memtopo.cpulist import format_cpulist
+from memtopo.logs import get_logger
 from memtopo.planner.fleet import DeviceView, node_device_view, view_json
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 
-log = structlog.get_logger()
+log = get_logger(component="fleet_page")
 
 # Results the node page shows (the fleet keeps more; `memtopo controller result` reads any of them).
 NODE_RESULTS: Final = 20

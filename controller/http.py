@@ -33,9 +33,9 @@ from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import structlog
+from memtopo.logs import get_logger
 
-log = structlog.get_logger()
+log = get_logger(component="controller.http")
 
 MAX_BODY_BYTES: Final = 1 << 20
 MAX_HEAD_BYTES: Final = 64 << 10

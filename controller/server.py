@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
-import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health, health_pb2  # type: ignore[import-untyped, unused-ignore]
 
@@ -40,6 +39,7 @@ from memtopo.controller.fleet import (
     RequestSnapshot,
 )
 from memtopo.grpcserve import grpc_server
+from memtopo.logs import get_logger
 from memtopo.planner.fleet import FleetNode, decide_json
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc as apb_grpc
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from memtopo.controller.kubeapi import PodApi
     from memtopo.controller.state import ControllerState
 
-log = structlog.get_logger()
+log = get_logger(component="controller")
 
 # Plans are operator actions, few at a time; beyond this a node's link is not keeping up.
 MAX_PLANS_IN_FLIGHT = 64
@@ -541,18 +541,22 @@ async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials
     """Run until SIGTERM/SIGINT, then stop gracefully."""
     import signal
 
-    running = await start_controller(listen, credentials, http=http, http_ssl=http_ssl, http_insecure=http_insecure,
-                                     kube=kube, kube_refresh_s=kube_refresh_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     sigs = tuple(signals) if signals is not None else (signal.SIGTERM, signal.SIGINT)
+    # Before the listeners open: a SIGTERM while they start (a client may already have seen
+    # controller_listening) is a graceful stop too.
     for sig in sigs:
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        running = await start_controller(listen, credentials, http=http, http_ssl=http_ssl,
+                                         http_insecure=http_insecure, kube=kube, kube_refresh_s=kube_refresh_s)
+        try:
+            await stop.wait()
+        finally:
+            await running.stop(grace)
     finally:
         for sig in sigs:
             loop.remove_signal_handler(sig)
-        await running.stop(grace)
 
 

@@ -18,22 +18,35 @@ from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
 from memtopo.cpulist import format_cpulist
+from memtopo.draw.metrics import BOLD, REGULAR, UNITS_PER_EM
 from memtopo.links import link_word, pair_links
 from memtopo.text import human_bytes
 from memtopo.v1 import topology_pb2 as pb
 
 FONT = 11
-CHAR_W = 0.62  # average advance of the sans-serif glyphs, in ems: sizes text without measuring fonts
+# Text classes: (font size px or None, bold or None). The stylesheet's font rules are written from
+# this table and every text is measured with it (draw/metrics.py: DejaVu Sans, the first font named).
+TEXT_CLASSES: dict[str, tuple[int | None, bool | None]] = {
+    "h": (17, True), "t": (13, True), "b": (None, True), "s": (10, None), "m": (9, None),
+}
+# A character outside the metrics table counts a full em wide: a text is never measured short.
+UNKNOWN_ADVANCE = UNITS_PER_EM
 LINE = 14
 PAD = 8
 GAP = 10
 MAX_W = 1400
+LEGEND_W = 460
+# The panels are packed no wider than the widest of them or this: a drawing is as wide as its
+# content needs, not as wide as it may be.
+PACK_MIN_W = 900
 DOMAIN_W = 250
 DOMAIN_W_COMPACT = 214
 CARD_W = 122
+CARD_W_MAX = 196  # a longer model is cut (the tooltip has it whole)
 CARD_H = 46
 CARD_GAP = 6
 CARD_W_SMALL = 118
+CARD_W_SMALL_MAX = 170
 CARD_H_SMALL = 33
 SMALL_CARDS_FROM = 32  # accelerators on the node
 GRAPH_MAX_DOMAINS = 16  # above this the interconnect is a SLIT matrix, not a graph
@@ -43,7 +56,9 @@ PERF_ROWS = 10
 TEXT_ROWS = 40  # lines of a text panel (degraded sources)
 CXL_ROWS = 400  # every region of a real host, but not a hostile message's millions
 MATRIX_MAX = 128  # domains or accelerators: above, a matrix would be mostly area (and n² work)
-LABEL_SPOTS = (0.5, 0.36, 0.64, 0.24, 0.76)  # where along an edge its label may sit
+# Where along an edge its label may sit, in the order tried.
+LABEL_SPOTS = (0.5, 0.38, 0.62, 0.3, 0.7, 0.44, 0.56, 0.22, 0.78, 0.16, 0.84)
+LABEL_MARGIN = 4
 
 TYPE_CLASS = {
     pb.MEMORY_DOMAIN_TYPE_DRAM: "dram", pb.MEMORY_DOMAIN_TYPE_HBM: "hbm",
@@ -73,14 +88,16 @@ PERF_WORD = {
 }
 PCI_CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 OTHER_LINK = "#b0b0b0"
+CXL_EDGE = DOMAIN_COLORS["cxl"][1]
 NEAR_RGB = (27, 79, 150)
 FAR_RGB = (226, 234, 244)
 
 ROOT_CLASS = "memtopo-drawing"
 _RULES = "".join([
-    "text{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;font-size:11px;fill:#1d2530}",
-    ".h{font-size:17px;font-weight:bold}.t{font-size:13px;font-weight:bold}.b{font-weight:bold}",
-    ".s{font-size:10px;fill:#4a5563}.m{font-size:9px}.w{fill:#fff}",
+    f"text{{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;font-size:{FONT}px;fill:#1d2530}}",
+    *(f".{c}{{" + ";".join(([f"font-size:{size}px"] if size else []) + (["font-weight:bold"] if bold else []))
+      + "}" for c, (size, bold) in TEXT_CLASSES.items()),
+    ".s{fill:#4a5563}.w{fill:#fff}",
     ".pk{fill:#f5f7f9;stroke:#8a96a3}.sec{fill:none;stroke:#c9d1da}",
     ".nc{stroke-dasharray:5 3;stroke-width:1.6}",
     ".card{fill:#fff;stroke:#6b7684}.gm{fill:#f4fbf5;stroke:#36904a;stroke-dasharray:3 2}",
@@ -107,14 +124,40 @@ def _esc(s: str) -> str:
     return escape(_clean(s))
 
 
-def _fit(s: str, width: float, size: int = FONT) -> str:
-    """Cut text to what fits in ``width`` pixels at ``size``."""
-    room = max(1, int(width / (size * CHAR_W)))
-    return s if len(s) <= room else s[:max(0, room - 1)] + "…"
+def font_of(cls: str) -> tuple[int, bool]:
+    """(size px, bold) of a text with these classes, as the stylesheet sets them."""
+    size, bold = FONT, False
+    for c in cls.split():
+        s, b = TEXT_CLASSES.get(c, (None, None))
+        size = s if s is not None else size
+        bold = b if b is not None else bold
+    return size, bold
 
 
-def _text_w(s: str, size: int = FONT) -> int:
-    return math.ceil(len(s) * size * CHAR_W)
+def text_width(s: str, cls: str = "") -> float:
+    """How wide ``s`` is drawn with these classes, in pixels (the font's advances, no kerning)."""
+    size, bold = font_of(cls)
+    table = BOLD if bold else REGULAR
+    return sum(table.get(c, UNKNOWN_ADVANCE) for c in s) * size / UNITS_PER_EM
+
+
+def _text_w(s: str, cls: str = "") -> int:
+    return math.ceil(text_width(s, cls))
+
+
+def _fit(s: str, width: float, cls: str = "") -> str:
+    """Cut text to what fits in ``width`` pixels (an ellipsis ends what was cut)."""
+    if text_width(s, cls) <= width:
+        return s
+    size, bold = font_of(cls)
+    table = BOLD if bold else REGULAR
+    room = width * UNITS_PER_EM / size - table["…"]
+    used = 0
+    for k, c in enumerate(s):
+        used += table.get(c, UNKNOWN_ADVANCE)
+        if used > room:
+            return s[:k] + "…"
+    return s
 
 
 def natural_key(s: str) -> tuple[tuple[int, str | int], ...]:
@@ -226,22 +269,41 @@ def _text_block(rows: Sequence[tuple[str, str]], max_w: int = 560, max_rows: int
         rows = [*rows[:max_rows - 1], (f"… {len(rows) - max_rows + 1} more lines (--format json has them)", "s")]
     b = Block(0, LINE * len(rows))
     for k, (text, c) in enumerate(rows):
-        size = 10 if "s" in c.split() else FONT
-        text = _fit(text, max_w, size)
+        text = _fit(text, max_w, c)
         b.parts.append(_text(0, LINE * k + 11, text, c))
-        b.w = max(b.w, _text_w(text, size))
+        b.w = max(b.w, _text_w(text, c))
     return b
 
 
 def _section(title: str, body: Block, note: str = "") -> Block:
-    """A titled frame around a body."""
-    out = Block(max(body.w, _text_w(title, 13) + _text_w(note, 10) + 20) + 2 * PAD, body.h + 2 * PAD + 20)
+    """A titled frame around a body. The note follows the title where the body is wide enough for
+    both, else it is wrapped under the title: a note never makes the frame wider than its content."""
+    title_w = _text_w(title, "t")
+    inner = max(body.w, title_w)
+    notes: list[str] = []
+    if note and title_w + 12 + _text_w(note, "s") > inner:
+        notes = _wrap(note, inner, "s")
+    head = 20 + LINE * len(notes)
+    out = Block(max([inner, *(_text_w(n, "s") for n in notes)]) + 2 * PAD, body.h + 2 * PAD + head)
     out.parts.append(_rect(0.5, 0.5, out.w - 1, out.h - 1, "sec", rx=6))
     out.parts.append(_text(PAD, 17, title, "t"))
-    if note:
-        out.parts.append(_text(PAD + _text_w(title, 13) + 12, 17, note, "s"))
-    out.put(body, PAD, 20 + PAD)
+    if note and not notes:
+        out.parts.append(_text(PAD + title_w + 12, 17, note, "s"))
+    for k, line in enumerate(notes):
+        out.parts.append(_text(PAD, 17 + LINE * (k + 1), line, "s"))
+    out.put(body, PAD, head + PAD)
     return out
+
+
+def _wrap(text: str, width: float, cls: str) -> list[str]:
+    """Words on lines no wider than ``width`` (a word wider than that is cut)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and text_width(f"{lines[-1]} {word}", cls) <= width:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(_fit(word, width, cls))
+    return lines
 
 
 # --- reading the message -------------------------------------------------------------------------
@@ -286,6 +348,8 @@ class _Model:
     free_known: bool
     compact: bool = False  # many domains: smaller boxes
     flat_packages: bool = False  # every package holds one domain and there are many: no package frames
+    card_w: int = CARD_W
+    memory_known: bool = True  # the input gives some accelerator's memory size
 
     @property
     def small_cards(self) -> bool:
@@ -324,6 +388,8 @@ class _Model:
         m.compact = len(domains) > GRAPH_MAX_DOMAINS
         groups = _package_groups(m)
         m.flat_packages = m.compact and all(len(doms) == 1 for _, doms in groups)
+        m.card_w = card_width(accels, m.small_cards)
+        m.memory_known = not accels or any(a.memory_bytes for a in accels)
         return m
 
     def packages_of(self, d: pb.MemoryDomain) -> list[int]:
@@ -336,32 +402,53 @@ class _Model:
 
 # --- boxes ---------------------------------------------------------------------------------------
 
-def _accel_card(a: pb.Accelerator, small: bool) -> Block:
-    """An accelerator: id and health dot, model, memory. ``small`` (many accelerators) folds model and
-    memory into one line."""
-    w, h = (CARD_W_SMALL, CARD_H_SMALL) if small else (CARD_W, CARD_H)
-    b = Block(w, h)
-    vendor_model = a.model if a.model.lower().startswith(a.vendor.lower()) else f"{a.vendor} {a.model}".strip()
+def _card_lines(a: pb.Accelerator, memory_known: bool) -> tuple[str, str, str]:
+    """What a card says: its id, its model, and its memory; where the input gives no accelerator's
+    memory (an hwloc export without CUDA devices), its PCI address instead of a "memory ?" on each."""
     # The card has room for the model only; the vendor and the rest are in the tooltip.
     model = a.model.removeprefix(a.vendor).strip() or a.model or "model ?"
-    memory = human_bytes(a.memory_bytes).replace(".0 ", " ") if a.memory_bytes else "memory ?"
+    memory = (human_bytes(a.memory_bytes).replace(".0 ", " ") if a.memory_bytes
+              else "memory ?" if memory_known or not a.bdf else a.bdf)
     health = _health_class(a.health)
+    sick = f" · {a.health}" if health in ("hwarn", "hbad") else ""
+    return a.id, model, memory + sick
+
+
+def card_width(accels: Sequence[pb.Accelerator], small: bool) -> int:
+    """One width for every card of the drawing: as wide as its longest line needs, within limits."""
+    memory_known = any(a.memory_bytes for a in accels)
+    low, high = (CARD_W_SMALL, CARD_W_SMALL_MAX) if small else (CARD_W, CARD_W_MAX)
+    need = 0
+    for a in accels:
+        ident, model, third = _card_lines(a, memory_known)
+        lines = [f"{model} · {third}"] if small else [model, third]
+        need = max(need, _text_w(ident, "b") + 24, *(_text_w(line, "s") + 12 for line in lines))
+    return max(low, min(high, need))
+
+
+def _accel_card(a: pb.Accelerator, w: int, small: bool, memory_known: bool) -> Block:
+    """An accelerator: id and health dot, model, memory. ``small`` (many accelerators) folds model and
+    memory into one line."""
+    h = CARD_H_SMALL if small else CARD_H
+    b = Block(w, h)
+    vendor_model = a.model if a.model.lower().startswith(a.vendor.lower()) else f"{a.vendor} {a.model}".strip()
+    ident, model, third = _card_lines(a, memory_known)
+    memory = human_bytes(a.memory_bytes).replace(".0 ", " ") if a.memory_bytes else "memory ?"
     title = "  ".join(x for x in (a.id, vendor_model, a.uuid, a.bdf, memory, f"health {a.health or '?'}") if x)
     b.parts.append(_rect(0.5, 0.5, w - 1, h - 1, "card", rx=4, title=title))
-    b.parts.append(f'<circle cx="{w - 10}" cy="10" r="5" class="{health}"/>')
-    b.parts.append(_text(6, 14, _fit(a.id, w - 24), "b"))
-    sick = f" · {a.health}" if health in ("hwarn", "hbad") else ""
+    b.parts.append(f'<circle cx="{w - 10}" cy="10" r="5" class="{_health_class(a.health)}"/>')
+    b.parts.append(_text(6, 14, _fit(ident, w - 24, "b"), "b"))
     if small:
-        b.parts.append(_text(6, 27, _fit(f"{model} · {memory}{sick}", w - 10, 10), "s"))
+        b.parts.append(_text(6, 27, _fit(f"{model} · {third}", w - 12, "s"), "s"))
     else:
-        b.parts.append(_text(6, 27, _fit(model, w - 10, 10), "s"))
-        b.parts.append(_text(6, 40, _fit(memory + sick, w - 10, 10), "s"))
+        b.parts.append(_text(6, 27, _fit(model, w - 12, "s"), "s"))
+        b.parts.append(_text(6, 40, _fit(third, w - 12, "s"), "s"))
     return b
 
 
-def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False, max_w: int = 0) -> Block:
+def _cards(m: _Model, accels: Sequence[pb.Accelerator], min_w: int = 0, max_w: int = 0) -> Block:
     """A near-square grid of cards, filling ``min_w`` and, given ``max_w``, no wider than that allows."""
-    w = CARD_W_SMALL if small else CARD_W
+    w = m.card_w
 
     def fit(width: int) -> int:
         return (width + CARD_GAP) // (w + CARD_GAP)
@@ -370,7 +457,8 @@ def _cards(accels: Sequence[pb.Accelerator], min_w: int = 0, small: bool = False
     if max_w:
         per_row = min(per_row, max(fit(max_w), fit(min_w)))
     per_row = max(1, min(len(accels), per_row, fit(MAX_W - 6 * PAD)))
-    return _flow((_accel_card(a, small) for a in accels), per_row * (w + CARD_GAP) - CARD_GAP, CARD_GAP)
+    return _flow((_accel_card(a, w, m.small_cards, m.memory_known) for a in accels),
+                 per_row * (w + CARD_GAP) - CARD_GAP, CARD_GAP)
 
 
 def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, str, bool]]:
@@ -412,21 +500,25 @@ def _domain_lines(m: _Model, d: pb.MemoryDomain, width: int) -> list[tuple[str, 
         lines.append((f"memory-side cache {human_bytes(d.memory_side_caches[0].size_bytes)}", "s", False))
     if d.note:
         lines.append((d.note, "s", False))
-    return [(_fit(t, width - 2 * PAD, 10 if c == "s" else FONT), c, bar) for t, c, bar in lines]
+    return [(_fit(t, width - 2 * PAD, c), c, bar) for t, c, bar in lines]
 
 
 def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator], min_w: int) -> Block:
     """One memory domain; a Unified domain holds its accelerators (their memory is this memory)."""
-    gpu = _cards(inside, min_w - 4 * PAD, m.small_cards) if inside else Block(0, 0)
+    gpu = _cards(m, inside, min_w - 4 * PAD) if inside else Block(0, 0)
     width = max(min_w, gpu.w + 4 * PAD if inside else 0)
     lines = _domain_lines(m, d, width)
     kind = TYPE_WORD.get(d.type, "memory")
     if d.subtype and d.subtype.lower().replace(" ", "") != kind.lower().replace(" ", ""):
         kind += f" · {d.subtype}"
-    parts: list[str] = [_text(PAD, 20, f"domain {d.id}", "b"),
-                        _text(width - PAD, 20, _fit(kind, width - 2 * PAD - _text_w(f"domain {d.id}") - 16), "b",
-                              "end")]
+    name = f"domain {d.id}"
+    parts: list[str] = [_text(PAD, 20, name, "b")]
     y = 20
+    if _text_w(name, "b") + 12 + _text_w(kind, "b") <= width - 2 * PAD:
+        parts.append(_text(width - PAD, 20, kind, "b", "end"))
+    else:  # a long type (Unified · DRAM+GPUMemory) gets a line of its own rather than a cut
+        y += LINE
+        parts.append(_text(PAD, y, _fit(kind, width - 2 * PAD, "b"), "b"))
     for text, cls, bar in lines:
         y += LINE
         parts.append(_text(PAD, y, text, cls))
@@ -445,7 +537,7 @@ def _domain_box(m: _Model, d: pb.MemoryDomain, inside: Sequence[pb.Accelerator],
         label += f" ⇄ CPU {', '.join(bws)}" if bws else ""
         frame = Block(width - 2 * PAD, gpu.h + 2 * PAD + 16)
         frame.parts.append(_rect(0.5, 0.5, frame.w - 1, frame.h - 1, "gm", rx=4))
-        frame.parts.append(_text(PAD, 13, _fit(label, frame.w - 2 * PAD, 10), "s"))
+        frame.parts.append(_text(PAD, 13, _fit(label, frame.w - 2 * PAD, "s"), "s"))
         frame.put(gpu, PAD, 16 + PAD // 2)
         box = Block(width, y + frame.h + PAD)
         box.put(frame, PAD, y)
@@ -463,7 +555,7 @@ def _domain_column(m: _Model, d: pb.MemoryDomain, max_w: int = 0) -> Block:
     unified = d.type == pb.MEMORY_DOMAIN_TYPE_UNIFIED
     inside = [a for a in mine if unified and a.unified_memory]
     below = [a for a in mine if not (unified and a.unified_memory)]
-    cards = _cards(below, m.domain_w, m.small_cards, max_w) if below else Block(0, 0)
+    cards = _cards(m, below, m.domain_w, max_w) if below else Block(0, 0)
     box = _domain_box(m, d, inside, max(m.domain_w, cards.w))
     if not below:
         return box
@@ -482,13 +574,13 @@ def _package_block(m: _Model, packages: list[int], domains: list[pb.MemoryDomain
     cols = _flow((_domain_column(m, d, share) for d in domains), room)
     cpus = sorted({c for d in domains for c in d.attached_cpus})
     word = "package" if len(packages) == 1 else "packages"
-    title = _fit(f"{word} {format_cpulist(packages)}" if packages else "package ?", 400, 13)
+    title = _fit(f"{word} {format_cpulist(packages)}" if packages else "package ?", 400, "t")
     sub = f"CPUs {compact_cpus(cpus, 40)}"
-    w = max(cols.w + 2 * PAD, _text_w(title, 13) + _text_w(sub, 10) + 3 * PAD)
+    w = max(cols.w + 2 * PAD, _text_w(title, "t") + _text_w(sub, "s") + 3 * PAD)
     b = Block(w, cols.h + 2 * PAD + 22)
     b.parts.append(_rect(0.5, 0.5, w - 1, b.h - 1, "pk", rx=7))
     b.parts.append(_text(PAD, 18, title, "t"))
-    b.parts.append(_text(PAD + _text_w(title, 13) + PAD, 18, sub, "s"))
+    b.parts.append(_text(PAD + _text_w(title, "t") + PAD, 18, sub, "s"))
     b.put(cols, PAD, 22 + PAD)
     return b
 
@@ -569,7 +661,7 @@ def _perf_rows(m: _Model) -> list[str]:
     return rows
 
 
-def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
     return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
 
 
@@ -594,13 +686,35 @@ def _ring_order(m: _Model) -> list[pb.MemoryDomain]:
     return order + [c for c in cpuless if c.id not in placed]
 
 
+def crosses(segment: tuple[float, float, float, float], rect: tuple[float, float, float, float]) -> bool:
+    """Whether the line from (x1, y1) to (x2, y2) passes through the rectangle (x, y, w, h)."""
+    x1, y1, x2, y2 = segment
+    rx, ry, rw, rh = rect
+    dx, dy = x2 - x1, y2 - y1
+    low, high = 0.0, 1.0
+    # Liang-Barsky: the part of the line inside each of the four half-planes.
+    for p, q in ((-dx, x1 - rx), (dx, rx + rw - x1), (-dy, y1 - ry), (dy, ry + rh - y1)):
+        if p == 0:
+            if q < 0:
+                return False
+            continue
+        t = q / p
+        if p < 0:
+            low = max(low, t)
+        else:
+            high = min(high, t)
+        if low > high:
+            return False
+    return True
+
+
 def _interconnect_graph(m: _Model) -> Block:
     n = len(m.domains)
-    size = 240 if n <= 4 else 330 if n <= 8 else 430
-    r = size // 2 - 34
+    size = 260 if n == 2 else 280 if n <= 4 else 360 if n <= 8 else 440
+    r = size // 2 - 36
     cx = cy = size // 2
     if n == 2:
-        size, cy = 240, 20
+        cy = 20
     pos = {}
     for k, d in enumerate(_ring_order(m)):
         # Two domains side by side; more on a ring from the top, clockwise.
@@ -623,29 +737,52 @@ def _interconnect_graph(m: _Model) -> Block:
         shown = shown[:GRAPH_MAX_EDGES]
     values = sorted({min(i.distance_a_to_b, i.distance_b_to_a) for i in shown})
     b = Block(size, 2 * cy)
+    edges = sorted(shown, key=lambda i: (-min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b))
+    segments = [(*pos[i.domain_a], *pos[i.domain_b]) for i in edges]
+    # What a label may cover: no domain box, no other label, no other edge (a label beside a
+    # crossing would be read as the other edge's).
+    taken: list[tuple[float, float, float, float]] = [(x - 28, y - 12, 56, 24) for x, y in pos.values()]
     labels = []
-    taken = [(x - 27, y - 11, 54, 22) for x, y in pos.values()]
-    for i in sorted(shown, key=lambda i: (-min(i.distance_a_to_b, i.distance_b_to_a), i.domain_a, i.domain_b)):
-        (x1, y1), (x2, y2) = pos[i.domain_a], pos[i.domain_b]
+    for k, i in enumerate(edges):
+        x1, y1, x2, y2 = segments[k]
         dist = min(i.distance_a_to_b, i.distance_b_to_a)
         rank = values.index(dist)
         width = 3.0 - 2.0 * rank / max(1, len(values) - 1)
         cxl = i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH
-        b.parts.append(_line(x1, y1, x2, y2, "ecxl" if cxl else "e", round(width, 1),
-                             "" if cxl else _ramp(rank, len(values) + 1)))
+        color = CXL_EDGE if cxl else _ramp(rank, len(values) + 1)
+        pair = f"{i.domain_a}-{i.domain_b}"
+        b.parts.append(_line(x1, y1, x2, y2, "ecxl" if cxl else "e", round(width, 1), "" if cxl else color)
+                       .replace("<line ", f'<line data-pair="{pair}" ', 1))
         slit = ("" if not i.distance_a_to_b else str(i.distance_a_to_b)
                 if i.distance_a_to_b == i.distance_b_to_a else f"{i.distance_a_to_b}/{i.distance_b_to_a}")
-        label = " · ".join(x for x in (slit, _perf_text(i.a_to_b) or _perf_text(i.b_to_a)) if x)
-        if not label:
+        perf = _perf_text(i.a_to_b) or _perf_text(i.b_to_a)
+        # The measured figures too where they fit; they are listed beside the graph either way.
+        texts = list(dict.fromkeys(t for t in (" · ".join(x for x in (slit, perf) if x), slit or perf) if t))
+        if not texts:
             continue
-        lw = _text_w(label, 10) + 4
-        # The first spot along the edge that covers no other label and no domain; else the middle.
-        spots = [(round(x1 + (x2 - x1) * t), round(y1 + (y2 - y1) * t)) for t in LABEL_SPOTS]
-        lx, ly = next((p for p in spots if not any(_overlap((p[0] - lw // 2, p[1] - 7, lw, 13), r) for r in taken)),
-                      spots[0])
-        taken.append((lx - lw // 2, ly - 7, lw, 13))
-        labels.append(_rect(lx - lw // 2, ly - 7, lw, 13, "w", rx=3))
-        labels.append(_text(lx, ly + 4, label, "s", "middle"))
+        others = [seg for j, seg in enumerate(segments) if j != k]
+        best: tuple[tuple[int, int, int], str, tuple[float, float, float, float]] | None = None
+        for ti, label in enumerate(texts):
+            lw = _text_w(label, "s") + 6
+            for si, t in enumerate(LABEL_SPOTS):
+                lx, ly = round(x1 + (x2 - x1) * t), round(y1 + (y2 - y1) * t)
+                box = (lx - lw / 2, ly - 7.0, float(lw), 14.0)
+                # A margin around it: a label just beside another edge would still read as its.
+                near = (box[0] - LABEL_MARGIN, box[1] - LABEL_MARGIN, box[2] + 2 * LABEL_MARGIN,
+                        box[3] + 2 * LABEL_MARGIN)
+                clash = (10 * sum(_overlap(box, o) for o in taken) + sum(crosses(seg, near) for seg in others),
+                         ti, si)
+                if best is None or clash < best[0]:
+                    best = (clash, label, box)
+            if best is not None and best[0][0] == 0:
+                break
+        assert best is not None
+        _, label, box = best
+        taken.append(box)
+        bx, by, bw, bh = box
+        labels.append(f'<g data-pair="{pair}"><rect x="{bx:g}" y="{by:g}" width="{bw:g}" height="{bh:g}" class="w"'
+                      f' rx="3" stroke="{color}" stroke-width=".8"/>'
+                      + _text(bx + bw / 2, by + 10, label, "s", "middle") + "</g>")
     b.parts.extend(labels)
     for d in m.domains:
         x, y = pos[d.id]
@@ -666,8 +803,8 @@ def _interconnect_graph(m: _Model) -> Block:
 def _matrix_cells(n: int, cell: int, color_of: Callable[[int, int], str], words: Callable[[int, int], str] | None,
                   labels: Sequence[str]) -> Block:
     """An n×n grid with row/column labels; runs of one colour in a row are one rect."""
-    labels = [_fit(lab, 90, 9) for lab in labels]
-    margin = max(_text_w(lab, 9) for lab in labels) + 6 if labels else 0
+    labels = [_fit(lab, 90, "m") for lab in labels]
+    margin = max(_text_w(lab, "m") for lab in labels) + 6 if labels else 0
     step = max(1, math.ceil(12 / cell))
     b = Block(margin + n * cell + 2, margin + n * cell + 2)
     for i in range(n):
@@ -718,7 +855,7 @@ def _interconnect_matrix(m: _Model) -> Block:
         what = "self" if all(rows[i][i] == v for i in range(n)) and not pair_count[v] else f"{pair_count[v]} pairs"
         key.parts.append(_text(18, y + 10, f"SLIT {v}: {what}", "s"))
         y += 16
-        key.w = max(key.w, 18 + _text_w(f"SLIT {v}: {what}", 10))
+        key.w = max(key.w, 18 + _text_w(f"SLIT {v}: {what}", "s"))
     key.h = y
     return _flow([grid, key], MAX_W)
 
@@ -776,9 +913,9 @@ def _accel_links(m: _Model) -> Block:
         if sw:
             text.parts.append(_rect(0, LINE * k + 1, 11, 11, "sw", fill=sw))
             x = 16
-        t = _fit(t, 560 - x, 10 if c == "s" else FONT)
+        t = _fit(t, 560 - x, c)
         text.parts.append(_text(x, LINE * k + 11, t, c))
-        text.w = max(text.w, x + _text_w(t, 10 if c == "s" else FONT))
+        text.w = max(text.w, x + _text_w(t, c))
     blocks = [text]
     biggest = max((len(g.members) for g in m.topo.accelerator_groups), default=0)
     if len(accels) > MATRIX_MAX or biggest > MATRIX_MAX:
@@ -797,7 +934,7 @@ def _accel_links(m: _Model) -> Block:
         def words(i: int, j: int) -> str:
             lk = cells.get((i, j))
             w = link_word(lk) if lk is not None else ""
-            return w if _text_w(w, 9) <= cell - 6 else ""
+            return w if _text_w(w, "m") <= cell - 6 else ""
         grid = _matrix_cells(
             n, cell, lambda i, j: _link_color(link_word(cells[(i, j)]), cells[(i, j)].kind) if (i, j) in cells
             else ("#39424e" if i == j else ""), words, [a.id for a in accels])
@@ -877,13 +1014,13 @@ def _legend(m: _Model, width: int) -> Block:
     others = [k for k in kinds if k not in LINK_COLORS]
     if others:
         # Words this drawing has no colour for share one grey: one legend entry, however many there are.
-        what = _fit(", ".join(others[:3]) + (f" … ({len(others)})" if len(others) > 3 else ""), 260, 10)
+        what = _fit(", ".join(others[:3]) + (f" … ({len(others)})" if len(others) > 3 else ""), 260, "s")
         items.append((_rect(0, 0, 16, 12, "sw", fill=OTHER_LINK), f"other links: {what}"))
     if any(i.link_type == pb.MEMORY_LINK_TYPE_CXL_SWITCH for i in m.topo.interconnects):
         items.append((_line(0, 6, 16, 6, "ecxl", 2), "through CXL"))
     blocks = []
     for sw, word in items:
-        b = Block(22 + _text_w(word, 10), 14)
+        b = Block(22 + _text_w(word, "s"), 14)
         b.parts.append(sw)
         b.parts.append(_text(22, 10, word, "s"))
         blocks.append(b)
@@ -892,34 +1029,67 @@ def _legend(m: _Model, width: int) -> Block:
 
 def _header(m: _Model) -> Block:
     t = m.topo
-    title = _fit(t.node_name or "node ?", MAX_W, 17)
+    title = _fit(t.node_name or "node ?", MAX_W, "h")
     c = t.cpus
     summary = (f"{len(c.online)} CPUs online in {c.packages} package(s), {c.cores} core(s) · "
                f"{human_bytes(t.total_capacity_bytes)} in {len(m.domains)} memory domain(s), "
-               f"{len(t.numa_nodes)} NUMA node(s) · {len(m.accels)} accelerator(s)")
+               f"{len(t.numa_nodes)} NUMA node(s) · {len(m.accels)} accelerator(s)"
+               + ("" if m.memory_known else " (memory size not in the input)"))
     sub = _fit(f"generation {t.generation} · fingerprint {t.fingerprint[:16] or '?'} · source {t.source_root or '?'}",
-               MAX_W, 10)
-    b = Block(max(_text_w(title, 17), _text_w(summary), _text_w(sub, 10)), 52)
+               MAX_W, "s")
+    b = Block(max(_text_w(title, "h"), _text_w(summary), _text_w(sub, "s")), 52)
     b.parts.append(_text(0, 16, title, "h"))
     b.parts.append(_text(0, 33, summary))
     b.parts.append(_text(0, 48, sub, "s"))
     return b
 
 
+def _pack(blocks: Sequence[Block | Callable[[int], Block]], max_w: int, gap: int) -> Block:
+    """Blocks in order, each at the highest place it fits (then the leftmost): beside the blocks
+    above it where there is room, else under the column it fits, so a short panel next to a tall
+    one leaves no hole under it. A callable is a block that takes the width it is given (the legend):
+    it is tried at its own width and at each placed block's."""
+    out = Block(0, 0)
+    placed: list[tuple[int, int, int, int]] = []
+    for item in blocks:
+        widths = [max_w] if isinstance(item, Block) else sorted({LEGEND_W, *(pw for _, _, pw, _ in placed)})
+        best: tuple[int, int, int, Block] | None = None
+        for want in widths:
+            b = item if isinstance(item, Block) else item(want)
+            if not b.h:
+                continue
+            for x in sorted({0, *(px + pw + gap for px, _, pw, _ in placed)}):
+                if x and x + b.w > max_w:
+                    continue
+                y = max((py + ph + gap for px, py, pw, ph in placed if px < x + b.w and x < px + pw), default=0)
+                if best is None or (y, x, -b.w) < best[:3]:
+                    best = (y, x, -b.w, b)
+        if best is None:
+            continue
+        y, x, _, b = best
+        out.put(b, x, y)
+        placed.append((x, y, b.w, b.h))
+        out.w, out.h = max(out.w, x + b.w), max(out.h, y + b.h)
+    return out
+
+
 def topology_svg(topo: pb.MemoryTopology) -> str:
-    """The node drawn as a standalone SVG document (UTF-8 text, no external references)."""
+    """The node drawn as a standalone SVG document (UTF-8 text, no external references). Its width
+    and height are its size in CSS pixels (the viewBox's): shown at that size, its text is the size
+    its stylesheet says."""
     m = _Model.of(topo)
     cpuless = [d for d in m.domains if not d.attached_cpus]
-    parts: list[Block] = [_header(m), _packages(m)]
+    parts: list[Block | Callable[[int], Block]] = [_packages(m)]
     if cpuless:
         parts.append(_section("Memory without CPUs", _flow((_domain_column(m, d) for d in cpuless), MAX_W - 2 * PAD),
                               "CXL, far and device memory: reached through another domain's CPUs"))
     homeless = [a for a in m.accels if a.id not in m.home]
     if homeless:
-        parts.append(_section("Accelerators without NUMA affinity", _cards(homeless, MAX_W // 2, m.small_cards)))
-    parts.append(_flow([_interconnect(m), _accel_links(m), _cxl(m), _loose_nodes(m), _sources(m)], MAX_W, 14))
-    body = _stack(parts, 14)
-    body = _stack([body, _legend(m, max(body.w, 560))], 14)
+        parts.append(_section("Accelerators without NUMA affinity", _cards(m, homeless, MAX_W // 2)))
+    parts += [_interconnect(m), _accel_links(m), _cxl(m), _loose_nodes(m), _sources(m)]
+    parts.append(lambda width: _legend(m, width))
+    width = min(MAX_W, max([PACK_MIN_W, *(b.w for b in parts if isinstance(b, Block))]))
+    body = _stack([_header(m), _pack(parts, width, 14)], 14)
     w, h = body.w + 2 * 16, body.h + 2 * 16
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>\n',

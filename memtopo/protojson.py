@@ -3,8 +3,14 @@ command line prints them, the agent relays them and the controller serves them."
 
 from __future__ import annotations
 
+import json
+from typing import cast
+
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+
+from memtopo.text import excerpt, shorten
 
 
 def to_json(msg: Message, *, defaults: bool = False, indent: int | None = 2) -> str:
@@ -16,3 +22,161 @@ def to_json(msg: Message, *, defaults: bool = False, indent: int | None = 2) -> 
 
 def to_dict(msg: Message) -> dict[str, object]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+
+
+class ProtoJsonError(ValueError):
+    """JSON that is not the message it should be: the message names the field (``actions[0].cpus``),
+    what it takes and a short excerpt of what it got."""
+
+
+_INT_RANGES = {
+    FieldDescriptor.TYPE_INT32: ("int32", -(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SINT32: ("sint32", -(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SFIXED32: ("sfixed32", -(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_UINT32: ("uint32", 0, 2**32 - 1),
+    FieldDescriptor.TYPE_FIXED32: ("fixed32", 0, 2**32 - 1),
+    FieldDescriptor.TYPE_INT64: ("int64", -(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SINT64: ("sint64", -(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SFIXED64: ("sfixed64", -(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT64: ("uint64", 0, 2**64 - 1),
+    FieldDescriptor.TYPE_FIXED64: ("fixed64", 0, 2**64 - 1),
+}
+_FLOATS = frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT})
+_FLOAT_WORDS = frozenset({"NaN", "Infinity", "-Infinity"})
+# Well-known types whose JSON form is a string (RFC 3339 time, "1.5s", "a,b"); the others are left
+# to protobuf's parser.
+_STRING_TYPES = frozenset({"google.protobuf.Timestamp", "google.protobuf.Duration", "google.protobuf.FieldMask"})
+
+
+def from_json[M: Message](obj: object, msg: M) -> M:
+    """``msg`` filled from decoded proto3 JSON (.proto or JSON field names, as protobuf reads them).
+
+    ProtoJsonError for JSON of the wrong shape, naming the field and the type it takes, where
+    protobuf's own words ("repeated field cpus must be in [] which is 0 at BindingPlan.actions[0]…")
+    name neither plainly."""
+    desc = cast(Descriptor, msg.DESCRIPTOR)
+    if not isinstance(obj, dict):
+        raise _wrong("", f"an object (a {desc.name})", obj)
+    try:
+        _check_message(obj, desc, "")
+        json_format.ParseDict(obj, msg)
+    except ProtoJsonError:
+        raise
+    except RecursionError:
+        raise ProtoJsonError("nested too deeply") from None
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        raise ProtoJsonError(shorten(str(exc), 200)) from None
+    return msg
+
+
+def _got(value: object) -> str:
+    if isinstance(value, dict):
+        return f"an object of {len(value)} keys"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, str):
+        return f"a string {excerpt(value)}"
+    return f"{'a boolean' if isinstance(value, bool) else 'a number'} {shorten(json.dumps(value))}"
+
+
+def _wrong(path: str, expected: str, value: object) -> ProtoJsonError:
+    return ProtoJsonError(f"{path or 'the document'}: expected {expected}, got {_got(value)}")
+
+
+def _check_message(obj: object, desc: Descriptor, path: str) -> None:
+    if not isinstance(obj, dict):
+        raise _wrong(path, f"an object (a {desc.name})", obj)
+    by_json = {f.json_name: f for f in desc.fields}
+    for key, value in obj.items():
+        field = desc.fields_by_name.get(key) or by_json.get(key)
+        if field is None:
+            names = ", ".join(f.name for f in desc.fields)
+            raise ProtoJsonError(f"{path or desc.name}: no field {excerpt(str(key), 60)} (a {desc.name} has: {names})")
+        _check_field(value, field, f"{path}.{field.name}" if path else field.name)
+
+
+def _check_field(value: object, field: FieldDescriptor, path: str) -> None:
+    if value is None:
+        return  # proto3 JSON's null: the field's default
+    sub = field.message_type
+    if sub is not None and sub.GetOptions().map_entry:
+        if not isinstance(value, dict):
+            raise _wrong(path, "an object (a map)", value)
+        for key, item in value.items():
+            _check_one(item, sub.fields_by_name["value"], f"{path}[{excerpt(str(key))}]")
+    elif field.is_repeated:
+        if not isinstance(value, list):
+            raise _wrong(path, f"a list of {_type_word(field)}", value)
+        for i, item in enumerate(value):
+            _check_one(item, field, f"{path}[{i}]")
+    else:
+        _check_one(value, field, path)
+
+
+def _type_word(field: FieldDescriptor) -> str:
+    if field.message_type is not None:
+        return f"{field.message_type.name} objects"
+    if field.enum_type is not None:
+        return f"{field.enum_type.name} names"
+    if field.type in _INT_RANGES:
+        return f"{_INT_RANGES[field.type][0]} integers"
+    return {FieldDescriptor.TYPE_BOOL: "booleans", FieldDescriptor.TYPE_STRING: "strings",
+            FieldDescriptor.TYPE_BYTES: "base64 strings"}.get(field.type, "numbers")
+
+
+def _check_one(value: object, field: FieldDescriptor, path: str) -> None:
+    if value is None:
+        return
+    kind = field.type
+    sub, enum = field.message_type, field.enum_type
+    if sub is not None:
+        if sub.full_name in _STRING_TYPES:
+            if not isinstance(value, str):
+                raise _wrong(path, f"a string (a {sub.name})", value)
+        elif not sub.full_name.startswith("google.protobuf."):
+            _check_message(value, sub, path)
+    elif enum is not None:
+        names = [v.name for v in enum.values]
+        if not (isinstance(value, str) and value in names) and not (isinstance(value, int)
+                                                                    and not isinstance(value, bool)):
+            raise _wrong(path, f"one of {', '.join(names)}", value)
+    elif kind == FieldDescriptor.TYPE_BOOL:
+        if not isinstance(value, bool):
+            raise _wrong(path, "true or false", value)
+    elif kind in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES):
+        if not isinstance(value, str):
+            raise _wrong(path, "a string" if kind == FieldDescriptor.TYPE_STRING else "a base64 string", value)
+    elif kind in _INT_RANGES:
+        word, low, high = _INT_RANGES[kind]
+        number = _integer(value)
+        if number is None or not low <= number <= high:
+            raise _wrong(path, f"an integer {low}..{high} ({word})", value)
+    elif kind in _FLOATS and not (isinstance(value, int | float) and not isinstance(value, bool)) \
+            and value not in _FLOAT_WORDS and _number(value) is None:
+        raise _wrong(path, "a number", value)
+
+
+def _integer(value: object) -> int | None:
+    """A proto3 JSON integer: a number without a fraction, or such a number in a string."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    number = value if isinstance(value, float) else _number(value)
+    if isinstance(number, float) and number.is_integer():
+        return int(number)
+    return number if isinstance(number, int) else None
+
+
+def _number(value: object) -> int | float | None:
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number == number and abs(number) != float("inf") else None

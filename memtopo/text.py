@@ -10,11 +10,19 @@ SHORTEN_CHARS = 60
 EXCERPT_CHARS = 40
 
 
+def escaped(text: str, keep: str = "") -> str:
+    """``text`` with each character that is not printable (controls, U+202E and the other bidi
+    overrides, U+0085 …) written as its escape (``\\u202e``), except those in ``keep`` (a text view
+    keeps its newlines). What a terminal shows of a name from the network or a host is then what it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
 def shorten(value: object, limit: int = SHORTEN_CHARS) -> str:
     """``value`` as at most ``limit`` printable characters (a non-string as its repr); longer text ends in …"""
     text = value if isinstance(value, str) else repr(value)
-    head = text[: limit + 1]
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    shown = escaped(text[: limit + 1])
     return shown if len(shown) <= limit and len(text) <= limit else shown[: limit - 1] + "…"
 
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from memtopo.agent.health import HealthListenError, HealthServer, LoopLiveness, parse_listen, start_health_server
-from memtopo.agent.logs import configure_logging
 from memtopo.agent.metrics import AgentMetrics
+from memtopo.logs import configure_logging
 
 
 class FakeClock:

@@ -17,7 +17,7 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtopo.agent.logs import configure_logging, get_logger
+from memtopo.logs import configure_logging, get_logger
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +190,7 @@ def test_any_event_and_fields_give_exactly_one_line_that_round_trips(event: str,
 
 
 def test_throttle_allows_one_event_per_key_per_interval_and_counts_the_rest() -> None:
-    from memtopo.agent.logs import Throttle
+    from memtopo.logs import Throttle
 
     now = [0.0]
     t = Throttle(interval=60.0, max_keys=2, clock=lambda: now[0])

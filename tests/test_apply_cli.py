@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memtopo.apply.errors import PlanFormatError
 from memtopo.apply.planio import load_plan
@@ -90,3 +92,55 @@ def test_load_plan_rejects_oversized_and_accepts_proto3_json() -> None:
     p = load_plan(json.dumps({"planId": "x", "actions": [{"id": "a", "required": True,
                                                           "irqAffinity": {"irq": 24, "cpus": [1]}}]}))
     assert p.plan_id == "x" and p.actions[0].irq_affinity.irq == 24
+
+
+@pytest.mark.parametrize(("action", "message"), [
+    ({"thread_affinity": {"pid": 1, "cpus": 0}},
+     "actions[0].thread_affinity.cpus: expected a list of uint32 integers, got a number 0"),
+    ({"thread_affinity": {"pid": "one", "cpus": [0]}},
+     "actions[0].thread_affinity.pid: expected an integer -2147483648..2147483647 (int32), got a string 'one'"),
+    ({"cpuset": {"cgroup_path": "memtopo/a", "cpus": [0, -1]}},
+     "actions[0].cpuset.cpus[1]: expected an integer 0..4294967295 (uint32), got a number -1"),
+    ({"memory_policy": {"pid": 1, "mode": "BIND"}},
+     "actions[0].memory_policy.mode: expected one of MODE_UNSPECIFIED, MODE_LOCAL, MODE_INTERLEAVE, MODE_PREFERRED, "
+     "MODE_BIND, got a string 'BIND'"),
+    ({"irq_affinity": {"irq": 24, "cpus": [1]}, "required": "yes"},
+     "actions[0].required: expected true or false, got a string 'yes'"),
+    ({"page_migration": ["pid", 1]},
+     "actions[0].page_migration: expected an object (a PageMigration), got a list of 2"),
+])
+def test_a_wrong_typed_plan_field_is_named_with_the_type_it_takes(tmp_path: Path, action: dict[str, object],
+                                                                  message: str) -> None:
+    """Not protobuf's "Failed to parse cpus field: repeated field cpus must be in [] which is 0 at …":
+    the field's path, the type it takes and a short excerpt of what it got."""
+    plan_text = json.dumps({"plan_id": "p", "actions": [{"id": "a", **action}]})
+    with pytest.raises(PlanFormatError) as err:
+        load_plan(plan_text)
+    assert str(err.value) == f"not a BindingPlan: {message}"
+    res = _cli("apply", "--dry-run", "--state-dir", str(tmp_path / "s"), "-", stdin=plan_text)
+    assert (res.returncode, res.stderr) == (2, f"memtopo: not a BindingPlan: {message}\n")
+
+
+def test_a_long_wrong_value_is_quoted_short_and_escaped() -> None:
+    hostile = "\u202e" + "x" * 5000
+    with pytest.raises(PlanFormatError) as err:
+        load_plan(json.dumps({"plan_id": "p", "actions": [{"id": "a", "thread_affinity": {"pid": hostile}}]}))
+    message = str(err.value)
+    assert len(message) < 200 and "\u202e" not in message and "\\u202e" in message and "(5001 chars)" in message
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.sampled_from(["plan_id", "actions", "id", "pid", "cpus", "mode",
+                                                              "thread_affinity", "cpuset", "threads", "tids",
+                                                              "created", "x"]), inner, max_size=4),
+                           max_leaves=20)
+
+
+@settings(max_examples=300)
+@given(JSON_VALUES)
+def test_any_json_is_a_plan_or_a_plan_format_error(value: object) -> None:
+    try:
+        load_plan(json.dumps(value))
+    except PlanFormatError as exc:
+        assert str(exc) and "\n" not in str(exc)

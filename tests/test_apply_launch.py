@@ -128,10 +128,12 @@ def test_exec_policies(flags: list[str], mode: int) -> None:
     assert json.loads(res.stdout)[1][0] == mode
 
 
-def test_exec_errors_exit_2_with_the_reason() -> None:
+def test_exec_errors_say_why_and_exit_2_or_as_a_shell_would() -> None:
+    """A policy or CPU list that cannot be set: 2 (usage); a command that cannot be started: 127,
+    the shell's status for no such command."""
     res = _exec("--cpus", "999", "--", "true")
     assert res.returncode == 2 and "CPU 999 not online" in res.stderr
     res = _exec("--membind", "7", "--", "true")
     assert res.returncode == 2 and "node 7" in res.stderr
     res = _exec("--", "/nonexistent/tool")
-    assert res.returncode == 2 and "/nonexistent/tool" in res.stderr
+    assert res.returncode == 127 and "/nonexistent/tool" in res.stderr

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -160,3 +163,138 @@ def test_topo_process_writes_its_whole_output_before_its_quick_exit() -> None:
     bad = topo("--root", "/nonexistent/root")
     assert bad.returncode == 2
     assert bad.stderr == "memtopo: /nonexistent/root: no such file or directory\n"
+
+
+# ---- what a newcomer types first -------------------------------------------------------------------
+def test_bare_memtopo_and_a_bare_command_group_print_their_help() -> None:
+    bare = run_cli()
+    assert bare.returncode == 2 and bare.stderr == ""
+    assert bare.stdout.startswith("usage: memtopo ") and "topo" in bare.stdout and "serve" in bare.stdout
+    assert "error" not in bare.stdout
+    for group, member in (("plan", "cpu-binding"), ("k8s", "nrt")):
+        res = run_cli(group)
+        assert res.returncode == 2 and res.stdout.startswith(f"usage: memtopo {group} ") and member in res.stdout
+
+
+def test_gather_replaces_an_existing_file_only_with_force(tmp_path: Path) -> None:
+    out = tmp_path / "host.tar.gz"
+    out.write_bytes(b"an earlier capture")
+    refused = run_cli("gather", str(out))
+    assert refused.returncode == 2 and "exists" in refused.stderr and "--force" in refused.stderr
+    assert out.read_bytes() == b"an earlier capture"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host.tar.gz"]
+    replaced = run_cli("gather", "--force", str(out))
+    assert replaced.returncode == 0, replaced.stderr
+    with tarfile.open(out) as tf:
+        assert "sys/devices/system/node/online" in tf.getnames()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host.tar.gz"]  # no temporary file left beside it
+
+
+def test_exec_of_a_command_it_cannot_run_exits_as_a_shell_would(tmp_path: Path) -> None:
+    """127: no such command; 126: found but not executable; 2: a bad option of memtopo's own."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not a program\n")
+    missing = run_cli("exec", "--", str(tmp_path / "nonexistent"))
+    assert missing.returncode == 127 and "No such file" in missing.stderr
+    assert run_cli("exec", "--", "memtopo-no-such-command").returncode == 127
+    not_executable = run_cli("exec", "--", str(text))
+    assert not_executable.returncode == 126 and "Permission denied" in not_executable.stderr
+    assert run_cli("exec", "--", str(tmp_path)).returncode == 126
+    assert run_cli("exec", "--membind", "x", "--", "true").returncode == 2
+    ok = run_cli("exec", "--", sys.executable, "-c", "raise SystemExit(7)")
+    assert ok.returncode == 7  # the command's own status
+
+
+def _command_paths() -> list[tuple[str, ...]]:
+    from memtopo.cli.main import build_parser
+    from memtopo.cli.manual import commands
+
+    return [words for words, _ in commands(build_parser())]
+
+
+def test_the_command_tree_is_walked_whole() -> None:
+    paths = _command_paths()
+    assert {("topo",), ("plan", "cpu-binding"), ("controller", "nodes"), ("k8s", "nrt"), ("completion",),
+            ("man",)} <= set(paths)
+    assert len(paths) == len(set(paths)) > 20
+
+
+def test_bash_completion_completes_every_command_and_its_options() -> None:
+    """The script `memtopo completion bash` prints, loaded into a real bash: at each level it offers
+    the commands below it, and after a command it offers that command's options."""
+    from memtopo.cli.main import build_parser
+    from memtopo.cli.manual import commands
+
+    script = run_cli("completion", "bash")
+    assert script.returncode == 0, script.stderr
+    checks = []
+    for words, parser in commands(build_parser()):
+        options = sorted(o for a in parser._actions if a.help != argparse.SUPPRESS
+                         for o in a.option_strings if o.startswith("--"))
+        checks.append((words, options))
+    probe = "\n".join(
+        f'COMP_WORDS=(memtopo {" ".join(words)} "{prefix}"); COMP_CWORD={len(words) + 1}; COMPREPLY=(); '
+        f'_shtab_memtopo; echo "{" ".join(words)}|{prefix}|${{COMPREPLY[*]}}"'
+        for words, _ in checks for prefix in ("", "--"))
+    res = subprocess.run(["bash", "-c", script.stdout + "\n" + probe], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    offered = {}
+    for line in res.stdout.splitlines():
+        path, prefix, reply = line.split("|")
+        offered[(path, prefix)] = set(reply.split())
+    paths = {words for words, _ in checks}
+    for words, options in checks:
+        below = {p[len(words)] for p in paths if len(p) == len(words) + 1 and p[:len(words)] == words}
+        assert below <= offered[(" ".join(words), "")], words
+        assert set(options) <= offered[(" ".join(words), "--")], words
+
+
+def test_zsh_completion_has_every_command() -> None:
+    script = run_cli("completion", "zsh")
+    assert script.returncode == 0 and script.stdout.startswith("#compdef memtopo")
+    for words in _command_paths():
+        assert "_shtab_memtopo" + "".join(f"_{w.replace('-', '_')}" for w in words) + "_options=(" in script.stdout
+
+
+def test_the_manual_page_has_every_command_and_man_formats_it() -> None:
+    page = run_cli("man")
+    assert page.returncode == 0 and page.stdout.startswith(".TH MEMTOPO 1 ")
+    sections = [line for line in page.stdout.splitlines() if line.startswith(".SH ")]
+    for words in _command_paths()[1:]:
+        assert f'.SH "{" ".join(("memtopo", *words)).upper()}"'.replace("-", "\\-") in sections, words
+    assert run_cli("man").stdout == page.stdout  # the same bytes every time: no date
+    if shutil.which("man") is None:
+        pytest.skip("no man on this machine to format the page")
+    shown = subprocess.run(["man", "-l", "-"], input=page.stdout, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "MANWIDTH": "100", "MAN_KEEP_FORMATTING": "0"}, check=False)
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    plain = re.sub(".\b", "", shown.stdout)
+    assert "MEMTOPO PLAN XPU" in plain and "cross_half_fallback" in plain  # an epilog, as --help shows it
+    assert "memtopo plan hccs --request -" in plain  # minus signs survive
+
+
+def test_each_plan_policy_help_shows_a_request_that_the_policy_takes() -> None:
+    """The example in `memtopo plan POLICY --help` is decided as it stands, and every field the help
+    names is one the policy knows (an unknown key is refused by name)."""
+    from memtopo.cli.plan_requests import REQUESTS
+
+    gh200 = str(REPO / "tests/fixtures/gh200/root.tar.gz")
+    for policy, fmt in REQUESTS.items():
+        helped = run_cli("plan", policy, "--help")
+        assert json.dumps(fmt.example) in helped.stdout and fmt.doc in helped.stdout
+        root = ("--root", gh200) if policy in ("place", "cpu-binding", "guest-pci") else ()
+        # cpu-binding's example is complete: it is decided without discovery, whatever the root.
+        decided = subprocess.run([*MEMTOPO, "plan", policy, "--request", "-", *root], input=json.dumps(fmt.example),
+                                 capture_output=True, text=True, cwd=REPO, check=False)
+        assert decided.returncode == 0, decided.stdout
+        assert json.loads(decided.stdout)["policy"] == policy
+        for name, _ in fmt.fields:
+            request = {**fmt.example, name: fmt.example.get(name)}
+            answer = subprocess.run([*MEMTOPO, "plan", policy, "--request", "-", *root], input=json.dumps(request),
+                                    capture_output=True, text=True, cwd=REPO, check=False)
+            assert f"'{name}'" not in answer.stdout or "unknown keys" not in answer.stdout, (policy, answer.stdout)
+        misspelt = subprocess.run([*MEMTOPO, "plan", policy, "--request", "-", *root],
+                                  input=json.dumps({**fmt.example, "zz_not_a_field": 1}), capture_output=True,
+                                  text=True, cwd=REPO, check=False)
+        assert "unknown keys ['zz_not_a_field']" in misspelt.stdout  # the check above can fail

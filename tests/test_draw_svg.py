@@ -5,6 +5,9 @@ collapsed where a 64-node or 64-accelerator machine would otherwise drown it."""
 from __future__ import annotations
 
 import random
+import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from functools import cache
 from pathlib import Path
@@ -18,9 +21,9 @@ from memtopo.cli.main import main
 from memtopo.cpulist import parse_cpulist
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
-from memtopo.draw.svg import compact_cpus, compact_ids, natural_key, topology_svg
+from memtopo.draw.svg import compact_cpus, compact_ids, crosses, font_of, natural_key, text_width, topology_svg
 from memtopo.v1 import topology_pb2 as pb
-from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, extracted
+from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, REPO, extracted
 
 SVG = "{http://www.w3.org/2000/svg}"
 SYNTH = Path(__file__).parent / "fixtures"
@@ -372,3 +375,221 @@ def test_any_message_draws_well_formed_and_complete(t: pb.MemoryTopology) -> Non
     # An id reads back as itself (XML-forbidden characters as U+FFFD); ET folds a lone \r like XML does.
     assert all(c.replace("\r", "\n") in {w.replace("\r", "\n") for w in words} or c.strip() != c
                for c in cleaned.values())
+
+
+# ---- geometry: what a person sees -------------------------------------------------------------------
+# Measured with the drawing's own metrics (draw/metrics.py: DejaVu Sans, the first font its stylesheet
+# names; tools/font_metrics.py reads them from the font). A text's ink: from about three quarters of
+# its size above the baseline to a fifth below.
+ASCENT, DESCENT = 0.75, 0.2
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1
+
+
+class Drawn:
+    """The drawing's elements at their absolute places: texts with their boxes, rects, edge lines and
+    edge labels (by data-pair), and each section's frame, title lines and body."""
+
+    def __init__(self, svg: str) -> None:
+        self.root = ET.fromstring(svg)
+        self.texts: list[tuple[str, str, Box]] = []  # text, class, box
+        self.rects: list[tuple[str, Box]] = []
+        self.lines: list[tuple[str, tuple[float, float, float, float]]] = []  # pair, segment
+        self.labels: list[tuple[str, Box]] = []  # pair, label frame
+        self.sections: list[tuple[Box, list[Box], list[Box]]] = []  # frame, its own texts, its body's boxes
+        self._walk(self.root, 0.0, 0.0)
+
+    def _walk(self, el: ET.Element, dx: float, dy: float) -> list[Box]:
+        found: list[Box] = []
+        for child in el:
+            tag = child.tag.removeprefix(SVG)
+            if tag == "g":
+                m = re.fullmatch(r"translate\(([-\d.]+),([-\d.]+)\)", child.get("transform", "translate(0,0)"))
+                assert m, child.get("transform")
+                ox, oy = dx + float(m.group(1)), dy + float(m.group(2))
+                inner = self._walk(child, ox, oy)
+                found += inner
+                first = next(iter(child), None)
+                if first is not None and first.tag == f"{SVG}rect" and first.get("class") == "sec":
+                    own = [self._text_box(t, ox, oy) for t in child if t.tag == f"{SVG}text" and t.text]
+                    self.sections.append((inner[0], own, [b for b in inner[1:] if b not in own]))
+                if child.get("data-pair"):
+                    (rect,) = [r for r in child if r.tag == f"{SVG}rect"]
+                    self.labels.append((child.get("data-pair", ""), self._rect_box(rect, dx, dy)))
+            elif tag == "text":
+                if child.get("transform"):
+                    continue  # a matrix's rotated column label
+                box = self._text_box(child, dx, dy)
+                self.texts.append((child.text or "", child.get("class", ""), box))
+                found.append(box)
+            elif tag == "rect":
+                box = self._rect_box(child, dx, dy)
+                self.rects.append((child.get("class", ""), box))
+                found.append(box)
+            elif tag == "line":
+                seg = tuple(float(child.get(k, "0")) + (dx if k[0] == "x" else dy) for k in ("x1", "y1", "x2", "y2"))
+                self.lines.append((child.get("data-pair", ""), seg))  # type: ignore[arg-type]
+        return found
+
+    @staticmethod
+    def _rect_box(el: ET.Element, dx: float, dy: float) -> Box:
+        x, y = float(el.get("x", "0")) + dx, float(el.get("y", "0")) + dy
+        return (x, y, x + float(el.get("width", "0")), y + float(el.get("height", "0")))
+
+    @staticmethod
+    def _text_box(el: ET.Element, dx: float, dy: float) -> Box:
+        cls = el.get("class", "")
+        size, _ = font_of(cls)
+        w = text_width(el.text or "", cls)
+        x, y = float(el.get("x", "0")) + dx, float(el.get("y", "0")) + dy
+        x0 = {"middle": x - w / 2, "end": x - w}.get(el.get("text-anchor", ""), x)
+        return (x0, y - ASCENT * size, x0 + w, y + DESCENT * size)
+
+
+def _inside(inner: Box, outer: Box, slack: float = 0.5) -> bool:
+    return (outer[0] - slack <= inner[0] and inner[2] <= outer[2] + slack and outer[1] - slack <= inner[1]
+            and inner[3] <= outer[3] + slack)
+
+
+def _meet(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _area(b: Box) -> float:
+    return (b[2] - b[0]) * (b[3] - b[1])
+
+
+DRAWN = ["nvidiaDGX2.xml", "dual-socket-cxl-tiered.tar.gz", "dual-socket-cxl.tar.gz", "gh200", "gh200-quad",
+         "gb200-tray", "mi300a-4apu", "mi300x-8gpu-cpx-nps4", "ascend-a3-16npu", "ascend-a2-8x910b",
+         "kunlunxin-p800-8xpu", "256ia64-64n2s2c.tar.bz2", "16amd64-4distances.xml", "single.tar.gz"]
+
+
+def drawn(name: str) -> Drawn:
+    return Drawn(topology_svg(fresh(next(p for p in INPUTS if _id(p) == name))))
+
+
+@pytest.mark.parametrize("name", DRAWN)
+def test_every_text_stays_inside_its_box(name: str) -> None:
+    """Each text lies within the innermost rectangle its anchor is in (a domain box, a card, a label,
+    a section): nothing runs past the edge of what holds it."""
+    d = drawn(name)
+    out = []
+    for text, cls, box in d.texts:
+        if cls == "m":
+            continue  # a matrix word sits on coloured cells that are one rect per run
+        anchor = ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+        holders = [r for c, r in d.rects if c not in ("bar", "used", "sw")
+                   and r[0] <= anchor[0] <= r[2] and r[1] <= anchor[1] <= r[3]]
+        holder = min(holders, key=_area)
+        if not _inside(box, holder):
+            out.append(f"{text!r} {tuple(round(v) for v in box)} outside {tuple(round(v) for v in holder)}")
+    assert out == []
+
+
+@pytest.mark.parametrize("name", DRAWN)
+def test_no_two_texts_overlap(name: str) -> None:
+    d = drawn(name)
+    boxes = sorted(((box, text) for text, _, box in d.texts), key=lambda b: b[0][0])
+    clashes = []
+    for k, (a, ta) in enumerate(boxes):
+        for b, tb in boxes[k + 1:]:
+            if b[0] >= a[2]:
+                break
+            if _meet(a, b):
+                clashes.append(f"{ta!r} / {tb!r}")
+    assert clashes == []
+
+
+@pytest.mark.parametrize("name", ["dual-socket-cxl-tiered.tar.gz", "dual-socket-cxl.tar.gz", "gh200-quad",
+                                  "mi300x-8gpu-cpx-nps4", "ascend-a3-16npu", "mi300a-4apu"])
+def test_each_edge_label_sits_on_its_own_edge_alone(name: str) -> None:
+    """Where two edges of the ring cross, each label stays on its own edge: it covers no other edge,
+    no other label and no domain box, so the two can be told apart."""
+    d = drawn(name)
+    assert d.labels
+    boxes = [r for c, r in d.rects if c.split()[:1] in (["dram"], ["hbm"], ["cxl"], ["uni"], ["nvm"], ["gpum"],
+                                                       ["unk"]) and r[3] - r[1] == 22]
+    for pair, label in d.labels:
+        own = [seg for p, seg in d.lines if p == pair]
+        assert len(own) == 1 and crosses(own[0], _box_rect(label))
+        crossed = [p for p, seg in d.lines if p != pair and p and crosses(seg, _box_rect(label))]
+        assert crossed == [], f"label of {pair} lies across {crossed}"
+        assert not [p for p, other in d.labels if p != pair and _meet(label, other)]
+        assert not [b for b in boxes if _meet(label, b)]
+
+
+def _box_rect(b: Box) -> tuple[float, float, float, float]:
+    return (b[0], b[1], b[2] - b[0], b[3] - b[1])
+
+
+@pytest.mark.parametrize("name", DRAWN)
+def test_no_section_is_wider_than_what_it_holds(name: str) -> None:
+    """A section's frame fits its body and title: a long note is wrapped under the title instead of
+    widening the frame beside a small graph."""
+    d = drawn(name)
+    assert d.sections
+    for frame, own, body in d.sections:
+        title = own[0]
+        content = max([title[2], *(b[2] for b in body)])
+        assert frame[2] - content <= 24, (name, [t for t, _, b in d.texts if b == title])
+
+
+@pytest.mark.parametrize("name", DRAWN)
+def test_no_hole_under_a_panel(name: str) -> None:
+    """Under each panel the next one follows at the layout's gap, or nothing does: no short panel
+    beside a tall one leaves an empty band above the panels that follow."""
+    d = drawn(name)
+    frames = [r for c, r in d.rects if c in ("sec", "pk")]
+    top_level = [f for f in frames if not any(o != f and _inside(f, o) for o in frames)]
+    panels = [f for c, f in d.rects if c == "sec" and f in top_level]
+    holes = []
+    for f in panels:
+        below = [o[1] - f[3] for o in top_level if o[1] >= f[3] and o[0] < f[2] and f[0] < o[2]]
+        if below and min(below) > 2 * 14:
+            holes.append(f"{tuple(round(v) for v in f)}: {min(below):.0f} px")
+    assert holes == []
+
+
+def test_gh200_domain_header_names_its_type_whole() -> None:
+    d = drawn("gh200")
+    words = [t for t, _, _ in d.texts]
+    assert "domain 0" in words and "Unified · DRAM+GPUMemory" in words
+    assert not any(w.startswith("domain 0") and w != "domain 0" for w in words)
+
+
+def test_dgx2_cards_show_the_whole_model_and_the_pci_address_where_the_export_has_no_memory() -> None:
+    """The DGX-2 export gives each GPU's model (GPUModel) but no memory size (no CUDA device in it):
+    each card shows the model whole and the GPU's PCI address, and the header says memory is not in
+    the input instead of a "memory ?" on every card."""
+    t = fresh(HWLOC_XML / "nvidiaDGX2.xml")
+    assert all(a.model == "Tesla V100-SXM3-32GB-H" and not a.memory_bytes for a in t.accelerators)
+    words = texts(ET.fromstring(topology_svg(t)))
+    assert words.count("Tesla V100-SXM3-32GB-H") == 16
+    assert not [w for w in words if "memory ?" in w or (w.startswith("Tesla") and w.endswith("…"))]
+    assert {a.bdf for a in t.accelerators} <= set(words)
+    assert any("(memory size not in the input)" in w for w in words)
+
+
+@pytest.mark.parametrize("name", DRAWN)
+def test_the_drawing_has_its_own_size_in_css_pixels(name: str) -> None:
+    """width and height are the viewBox's, unitless (CSS pixels): a page that shows the image at its
+    own size shows its text at the sizes the stylesheet sets, 1:1."""
+    root = drawn(name).root
+    w, h = root.get("width", ""), root.get("height", "")
+    assert w.isdigit() and h.isdigit() and root.get("viewBox") == f"0 0 {w} {h}"
+
+
+def test_the_metrics_are_the_fonts_own() -> None:
+    """draw/metrics.py is what tools/font_metrics.py reads from DejaVu Sans (Debian's fonts-dejavu-core,
+    which tools/setup.sh installs with Chromium), and it covers every character the drawing writes
+    itself (the rest count a full em)."""
+    fonts = Path("/usr/share/fonts/truetype/dejavu")
+    if not (fonts / "DejaVuSans.ttf").exists():
+        pytest.skip("DejaVu Sans is not installed here (fonts-dejavu-core)")
+    made = subprocess.run([sys.executable, "tools/font_metrics.py", str(fonts)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert made.stdout == (REPO / "draw" / "metrics.py").read_text()
+    from memtopo.draw.metrics import BOLD, REGULAR
+
+    assert set("…·→⇄×–0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") <= set(REGULAR) & set(BOLD)
+    # Bold is wider, and a digit is as wide as the font says (0.636 em), not an average guess.
+    assert text_width("domain 0", "b") > text_width("domain 0") and round(text_width("0", "s"), 2) == 6.36

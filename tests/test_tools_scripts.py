@@ -69,3 +69,38 @@ def test_setup_says_how_when_it_cannot_write_the_bin_directory(tmp_path: Path) -
     res = setup(tmp_path / "missing")
     assert res.returncode == 0
     assert f'export PATH="{REPO}/.venv/bin:$PATH"' in res.stderr
+
+
+def test_setup_installs_without_build_notices_and_then_does_nothing_until_pyproject_changes() -> None:
+    """A changed pyproject.toml (here: a stale stamp) reinstalls memtopo; setuptools' notice about
+    the flat layout's editable finder is not printed (the README says why it says nothing here).
+    Run again, setup installs nothing: the stamp is left as it was."""
+    stamp = REPO / ".venv" / ".memtopo-setup"
+    want = stamp.read_text()
+    stamp.write_text("stale\n")
+    try:
+        res = setup_quietly()
+        assert res.returncode == 0, res.stderr
+        out = res.stdout + res.stderr
+        assert "Editable installation" not in out and "BuildBackendWarning" not in out, out
+        assert "Traceback" not in out
+    finally:
+        if stamp.read_text() != want:
+            stamp.write_text(want)
+    before = stamp.stat().st_mtime_ns
+    again = setup_quietly()
+    assert again.returncode == 0 and (again.stdout, again.stderr) == ("", "")
+    assert stamp.stat().st_mtime_ns == before
+
+
+def setup_quietly() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "tools/setup.sh"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MEMTOPO_LINK": "0"}, check=False)
+
+
+def test_the_generated_code_check_says_one_line() -> None:
+    """mypy-protobuf's "Writing mypy to …" per stub is not printed: the check says only its verdict."""
+    res = subprocess.run(["bash", "tools/gen_proto.sh", "--check"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert (res.stdout, res.stderr) == ("generated protobuf code is up to date\n", "")

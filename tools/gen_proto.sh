@@ -7,11 +7,12 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 export PATH="$(dirname "$py"):$PATH"
 outs=(memtopo/v1 memtopo/k8s/api/podresources/v1 memtopo/k8s/api/cri/v1)
+# quiet: mypy-protobuf otherwise prints a "Writing mypy to" line per stub, on every --check too.
 gen() {
   local dest=$1 out
   for out in "${outs[@]}"; do
     "$py" -m grpc_tools.protoc -I proto \
-      --python_out="$dest" --mypy_out="$dest" --mypy_grpc_out="$dest" --grpc_python_out="$dest" \
+      --python_out="$dest" --mypy_out=quiet:"$dest" --mypy_grpc_out=quiet:"$dest" --grpc_python_out="$dest" \
       "proto/$out"/*.proto
   done
 }

@@ -34,7 +34,11 @@ if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   py=$(find_python)
   [[ -x .venv/bin/python ]] || "$py" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev,k8s]'
+  # setuptools installs this flat layout (memtopo/ at the root, beside the floors it links) editable
+  # through an import finder, and says that a memtopo/ folder in the current directory would take
+  # precedence over it. Here that folder is the one the finder points to: the same files either way,
+  # so the notice says nothing about this checkout and is filtered by its text (nothing else is).
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e '.[dev,k8s]'
   echo "$want" > "$stamp"
 fi
 # Put `memtopo` on PATH, as the README writes it: a link in /usr/local/bin (or $MEMTOPO_BIN_DIR) to this
