@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2
 from memtopo import __version__
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
+from memtopo.backoff import Backoff
 from memtopo.discovery.capture import open_root
 from memtopo.discovery.fingerprint import fingerprint
 from memtopo.discovery.isolated import discover_in_child
@@ -37,7 +38,7 @@ from memtopo.v1 import topology_pb2 as pb
 from . import peers, transport
 from .config import AgentConfig, ConfigError
 from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
-from .link import Backoff, ControllerLink, LinkState
+from .link import ControllerLink, LinkState
 from .logs import Throttle, get_logger
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner

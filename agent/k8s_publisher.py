@@ -25,9 +25,9 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from memtopo.agent.config import KubernetesConfig
-from memtopo.agent.link import Backoff
 from memtopo.agent.logs import get_logger
 from memtopo.agent.state import TopologyState
+from memtopo.backoff import Backoff
 from memtopo.hostfs import HostFS
 from memtopo.k8s.facts import KubeletFacts, PodResourcesView
 from memtopo.k8s.nrt import API_VERSION, NrtError, build_nrt
