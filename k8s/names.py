@@ -27,7 +27,7 @@ class InvalidNameError(ValueError):
 
     def __init__(self, what: str, value: object, rule: str) -> None:
         shown = excerpt(value) if isinstance(value, str | bytes) else type(value).__name__
-        super().__init__(f"{what} {shown} is not {rule}" if value else f"{what} is empty")
+        super().__init__(f"{shown} is not a Kubernetes {what} ({rule})" if value else f"the {what} is empty")
         self.what = what
 
 
@@ -44,8 +44,7 @@ def is_label(value: object) -> bool:
 def subdomain(value: object, what: str = "name") -> str:
     """``value`` when it is a DNS-1123 subdomain (an object name), else :class:`InvalidNameError`."""
     if not is_subdomain(value):
-        raise InvalidNameError(what, value, "a Kubernetes object name (lowercase DNS-1123 subdomain, at most 253 "
-                                       "characters)")
+        raise InvalidNameError(what, value, "a lowercase DNS-1123 subdomain of at most 253 characters")
     assert isinstance(value, str)
     return value
 
@@ -53,7 +52,7 @@ def subdomain(value: object, what: str = "name") -> str:
 def label(value: object, what: str = "name") -> str:
     """``value`` when it is a DNS-1123 label (a namespace), else :class:`InvalidNameError`."""
     if not is_label(value):
-        raise InvalidNameError(what, value, "a DNS-1123 label (lowercase alphanumerics and '-', at most 63 characters)")
+        raise InvalidNameError(what, value, "a DNS-1123 label: lowercase alphanumerics and '-', at most 63 characters")
     assert isinstance(value, str)
     return value
 

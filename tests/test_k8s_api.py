@@ -125,15 +125,15 @@ def test_a_bound_pod_cannot_be_bound_again_and_the_conflict_is_typed() -> None:
 
 # ---- names never reach a URL ---------------------------------------------------------------------------
 @pytest.mark.parametrize(("call", "fragment"), [
-    (lambda api: api.get_pod("..", "a"), "namespace '..'"),
-    (lambda api: api.get_pod("default", "../../secrets"), "pod name '../../secrets'"),
-    (lambda api: api.get_node("x" * 5000), "(5000 chars)"),
-    (lambda api: api.get_node("Node_1"), "node name 'Node_1'"),
-    (lambda api: api.get_node("a%2Fb"), "node name 'a%2Fb'"),
-    (lambda api: api.get_node(""), "node name is empty"),
-    (lambda api: api.get_node("node\x1b[31m"), r"'node\x1b[31m'"),
-    (lambda api: api.annotate_pod("kube-system.evil", "a", {}), "namespace 'kube-system.evil'"),
-    (lambda api: api.bind_pod("default", "a", "", "../nodes"), "node name '../nodes'"),
+    (lambda api: api.get_pod("..", "a"), "'..' is not a Kubernetes namespace"),
+    (lambda api: api.get_pod("default", "../../secrets"), "'../../secrets' is not a Kubernetes pod name"),
+    (lambda api: api.get_node("x" * 5000), "(5000 chars) is not a Kubernetes node name"),
+    (lambda api: api.get_node("Node_1"), "'Node_1' is not a Kubernetes node name"),
+    (lambda api: api.get_node("a%2Fb"), "'a%2Fb' is not a Kubernetes node name"),
+    (lambda api: api.get_node(""), "the node name is empty"),
+    (lambda api: api.get_node("node\x1b[31m"), r"'node\x1b[31m' is not"),
+    (lambda api: api.annotate_pod("kube-system.evil", "a", {}), "'kube-system.evil' is not a Kubernetes namespace"),
+    (lambda api: api.bind_pod("default", "a", "", "../nodes"), "'../nodes' is not a Kubernetes node name"),
 ])
 def test_names_kubernetes_refuses_never_reach_a_url(call: Callable[[KubeApi], Coroutine[Any, Any, Any]],
                                                     fragment: str) -> None:

@@ -399,3 +399,28 @@ def test_the_agent_keeps_serving_while_its_api_server_answers_garbage(tmp_path: 
         assert await asyncio.wait_for(run_task, WAIT) == EXIT_OK
         await server.stop()
     run(main)
+
+
+def test_a_kubelet_answering_garbage_is_one_warning_per_distinct_cause() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        answers = ["List: not a PodResources answer (7 B)"] * 5 + ["List: too large: the answer is over 16.0 MiB"] * 5
+        polls: list[str] = []
+
+        def read() -> PodResourcesView:
+            polls.append("poll")
+            if len(polls) <= len(answers):
+                raise PodResourcesError(answers[len(polls) - 1])
+            return PodResourcesView(pods=0)
+
+        with structlog.testing.capture_logs() as logs:
+            h = Harness(server, read_pods=read, pod_resources_seconds=0.01)
+            h.state.publish(topology("f1"))
+            h.start()
+            await eventually(lambda: len(polls) > len(answers) + 1)
+            await h.stop()
+        states = [(e["log_level"], e.get("reason")) for e in logs if e["event"] == "pod_resources_state"]
+        assert states == [("warning", answers[0]), ("warning", answers[5]), ("info", None)]
+    run(main)
