@@ -45,6 +45,7 @@ from memtopo.planner import fleet as fleet_policies
 from memtopo.planner import hccs, place, xpu
 from memtopo.planner.errors import PlanError
 from memtopo.planner.fleet import DeviceView, FleetNode
+from memtopo.text import shorten
 from memtopo.v1 import topology_pb2 as pb
 
 log = structlog.get_logger()
@@ -81,12 +82,6 @@ class ExtenderError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def _excerpt(value: object, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    shown = text if len(text) <= limit else text[:limit] + "…"
-    return shown.encode("unicode_escape").decode("ascii")
 
 
 # ---- the pod -----------------------------------------------------------------------------------------
@@ -172,7 +167,7 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
     requests = pod_requests(pod)
     named = annotations.get(POLICY_ANNOTATION)
     if named is not None and named not in (*fleet_policies.POLICIES, "none"):
-        raise ExtenderError("invalid_pod", f"{POLICY_ANNOTATION}: {_excerpt(named)!r} is not one of "
+        raise ExtenderError("invalid_pod", f"{POLICY_ANNOTATION}: {shorten(named)!r} is not one of "
                                            f"{', '.join((*fleet_policies.POLICIES, 'none'))}")
     npus, xpus = _count(requests, NPU_RESOURCE), _count(requests, XPU_RESOURCE)
     gpus = sum(_count(requests, r) for r in GPU_RESOURCES)
@@ -202,7 +197,7 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
     cxl = annotations.get(ALLOW_CXL_ANNOTATION)
     if cxl is not None:
         if cxl not in ("true", "false"):
-            raise ExtenderError("invalid_pod", f"{ALLOW_CXL_ANNOTATION}: expected true or false, got {_excerpt(cxl)!r}")
+            raise ExtenderError("invalid_pod", f"{ALLOW_CXL_ANNOTATION}: expected true or false, got {shorten(cxl)!r}")
         constraints["allow_cxl_memory"] = cxl == "true"
     if constraints:
         body["constraints"] = constraints
@@ -450,7 +445,7 @@ def _candidate_nodes(args: Mapping[str, Any]) -> _Nodes:
 def _checked_names(names: list[str]) -> list[str]:
     if names and (not all(names) or max(map(len, names)) > MAX_NAME):
         bad = next(n for n in names if not n or len(n) > MAX_NAME)
-        raise ExtenderError("invalid_request", f"node name {_excerpt(bad)!r} is not a node name")
+        raise ExtenderError("invalid_request", f"node name {shorten(bad)!r} is not a node name")
     return names
 
 
@@ -487,7 +482,7 @@ class Extender:
                 try:
                     args = json.loads(request.body)
                 except (ValueError, RecursionError) as exc:
-                    raise ExtenderError("invalid_json", f"the body is not JSON: {_excerpt(str(exc), 80)}") from None
+                    raise ExtenderError("invalid_json", f"the body is not JSON: {shorten(str(exc), 80)}") from None
                 if not isinstance(args, dict):
                     wanted = "ExtenderBindingArgs" if verb == "bind" else "ExtenderArgs"
                     raise ExtenderError("invalid_json", f"the body is not a JSON object ({verb} takes {wanted})")
@@ -549,7 +544,7 @@ class Extender:
             raise ExtenderError("api", f"bind: {exc}") from exc
         pod_uid = _obj(pod.get("metadata"), "Pod.metadata").get("uid", "")
         if uid and pod_uid and uid != pod_uid:
-            raise ExtenderError("stale", f"bind: pod {namespace}/{name} is now uid {_excerpt(pod_uid)}, not {uid}")
+            raise ExtenderError("stale", f"bind: pod {namespace}/{name} is now uid {shorten(pod_uid)}, not {uid}")
         key = uid or str(pod_uid) or f"{namespace}/{name}"
         # Two binds must not both take the same free devices: the choice and its entry in the ledger are
         # made under the lock, the API calls after it, so a slow API server delays (or fails) its own
