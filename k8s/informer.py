@@ -35,6 +35,7 @@ import structlog
 from memtopo.backoff import Backoff
 from memtopo.k8s.kubeapi import (
     DEFAULT_PAGE_SIZE,
+    DEFAULT_WATCH_SECONDS,
     ApiPath,
     KubeApi,
     KubeApiError,
@@ -44,7 +45,6 @@ from memtopo.text import excerpt, shorten
 
 log = structlog.get_logger("memtopo.k8s.informer")
 
-DEFAULT_WATCH_SECONDS: Final = 300
 # A watch that ends this soon with nothing in it is a failure (backoff), not a normal end: a server
 # closing every watch at once would otherwise be asked again in a tight loop.
 MIN_WATCH_SECONDS: Final = 1.0
