@@ -496,3 +496,24 @@ def test_in_cluster_configuration_and_what_is_refused(tmp_path: Path, monkeypatc
     KubeApi("http://127.0.0.1:8001", token="t")  # kubectl proxy on loopback
     with pytest.raises(KubeApiError, match="not a bearer token"):
         KubeApi("https://host", token="two\nlines")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(st.one_of(st.binary(max_size=300),
+                 _JSON.map(lambda doc: json.dumps(doc).encode()),
+                 st.fixed_dictionaries({"type": st.sampled_from([*sorted(kubeapi.EVENT_TYPES), "x"]),
+                                        "object": _JSON}).map(lambda doc: json.dumps(doc).encode())))
+def test_any_watch_line_is_an_event_or_a_typed_error(line: bytes) -> None:
+    api = KubeApi("http://127.0.0.1:1", max_event_bytes=4096)
+    try:
+        event = api._event(line, "watch /api/v1/pods")
+    except KubeApiError as exc:
+        assert exc.kind in ("garbage", "gone", "too_large") and len(str(exc)) < 300
+    else:
+        assert event.type in kubeapi.EVENT_TYPES and isinstance(event.object, dict)
+        assert event.type == "ERROR" or event.resource_version

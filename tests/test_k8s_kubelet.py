@@ -431,3 +431,14 @@ HUGE_LIST = textwrap.dedent('''
         server.terminate()
         server.wait()
 ''')
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.binary(max_size=200), st.binary(max_size=60))
+def test_any_bytes_are_a_view_or_a_short_error(listed: bytes, allocatable: bytes) -> None:
+    try:
+        view = view_from_answers(listed, allocatable)
+    except PodResourcesError as exc:
+        assert len(exc.reason) < 200 and exc.reason.isprintable()
+    else:
+        assert view.pods >= 0 and all(0 <= c < 1 << 16 for c in view.assigned_cpus)
