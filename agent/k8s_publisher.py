@@ -40,7 +40,6 @@ from memtopo.v1 import topology_pb2 as pb
 log = get_logger(component="k8s_publisher")
 
 FIELD_MANAGER: Final = "memtopo"
-APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
 REQUEST_TIMEOUT_S: Final = 10.0
 # The publisher reads one Node and applies one object: answers are small.
 MAX_ANSWER_BYTES: Final = 4 << 20

@@ -38,6 +38,7 @@ import structlog
 from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.state import ControllerState
 from memtopo.k8s import kubeapi, quantity
+from memtopo.k8s import names as k8s_names
 from memtopo.k8s.kubeapi import KubeApi, KubeApiError
 from memtopo.k8s.names import InvalidNameError
 from memtopo.k8s.resources import AMD_GPU, ASCEND_910, KUNLUNXIN_XPU, NVIDIA_GPU, XPU_DEVICE_ANNOTATION
@@ -537,6 +538,7 @@ class Extender:
             raise ExtenderError("no_api", "bind: this controller has no Kubernetes API server to bind through "
                                           "(memtopo controller serve --kube-api)")
         try:
+            k8s_names.node_name(node)  # before it is part of a message or a Binding
             pod = await api.get_pod(namespace, name)
         except InvalidNameError as exc:
             raise ExtenderError("invalid_request", f"bind: {exc}") from None
@@ -544,7 +546,8 @@ class Extender:
             raise ExtenderError("api", f"bind: {exc}") from exc
         pod_uid = _obj(pod.get("metadata"), "Pod.metadata").get("uid", "")
         if uid and pod_uid and uid != pod_uid:
-            raise ExtenderError("stale", f"bind: pod {namespace}/{name} is now uid {shorten(pod_uid)}, not {uid}")
+            raise ExtenderError("stale", f"bind: pod {namespace}/{name} is now uid {shorten(pod_uid)}, "
+                                         f"not {shorten(uid)}")
         key = uid or str(pod_uid) or f"{namespace}/{name}"
         # Two binds must not both take the same free devices: the choice and its entry in the ledger are
         # made under the lock, the API calls after it, so a slow API server delays (or fails) its own

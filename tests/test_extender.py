@@ -366,6 +366,10 @@ def test_bind_errors_are_answered_with_error(api: StandInApiServer) -> None:
         assert "uid" in (await call(port, "bind", binding_args("a", "other", "n1")))["Error"]
         assert "not found" in (await call(port, "bind", binding_args("zz", "u", "n1")))["Error"]
         assert "Node is missing" in (await call(port, "bind", {"PodName": "a", "PodNamespace": "default"}))["Error"]
+        hostile = (await call(port, "bind", binding_args("a", "ua", "../nodes\x1b[2J")))["Error"]
+        assert hostile == "bind: '../nodes\\x1b[2J' is not a Kubernetes node name (a lowercase DNS-1123 subdomain " \
+                          "of at most 253 characters)"
+        assert "../" not in "".join(r.path for r in api.requests)
         api.fail_binding = True
         answer = await call(port, "bind", binding_args("a", "ua", "n1"))
         assert "already assigned" in answer["Error"]

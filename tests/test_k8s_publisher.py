@@ -16,10 +16,11 @@ from prometheus_client import CollectorRegistry
 
 from memtopo.agent.config import load_config
 from memtopo.agent.daemon import EXIT_OK, Agent
-from memtopo.agent.k8s_publisher import APPLY_CONTENT_TYPE, FIELD_MANAGER, Publisher, PublisherSettings
+from memtopo.agent.k8s_publisher import FIELD_MANAGER, Publisher, PublisherSettings
 from memtopo.agent.sdnotify import Notifier
 from memtopo.agent.state import TopologyState
 from memtopo.k8s.facts import DeviceGrant, KubeletFacts, PodResourcesView
+from memtopo.k8s.kubeapi import APPLY_PATCH as APPLY_CONTENT_TYPE
 from memtopo.k8s.kubeapi import KubeApi
 from memtopo.k8s.nrt import zone_nodes
 from memtopo.k8s.podresources import PodResourcesError
