@@ -28,6 +28,7 @@ from memtopo import __version__
 from memtopo.addresses import AddressError, AddressInUseError, check_free
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
+from memtopo.backoff import Backoff
 from memtopo.discovery.capture import open_root
 from memtopo.discovery.fingerprint import fingerprint
 from memtopo.discovery.isolated import discover_in_child
@@ -39,12 +40,13 @@ from memtopo.v1 import topology_pb2 as pb
 from . import peers, transport
 from .config import AgentConfig, ConfigError
 from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
-from .link import Backoff, ControllerLink, LinkState
+from .link import ControllerLink, LinkState
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
 from .sockets import SocketInUseError
 from .state import TopologyState
+from .tasks import Supervisor
 
 if TYPE_CHECKING:
     from memtopo.hostfs import HostFS
@@ -131,6 +133,8 @@ class Agent:
         # Called once the agent serves (its listeners bound, the first generation published): the
         # command line prints what a person can do with it, at the addresses actually bound.
         self.on_ready: Callable[[], None] | None = None
+        # The rescan loop, the controller link and the publisher: restarted when they fail (agent/tasks.py).
+        self.tasks = Supervisor(self._stop.is_set, lambda name: self.metrics.task_restarts.labels(name).inc())
 
     # ---- HealthSource (read from the HTTP threads) -------------------------------------------------
     def alive(self) -> tuple[bool, str]:
@@ -150,12 +154,16 @@ class Agent:
         k8s_ok, checks["kubernetes"] = self.k8s_publisher.status() if self.k8s_publisher else (True, "not configured")
         if self.config.kubernetes.enforce:
             checks["enforce"] = self.enforcer.status()[1] if self.enforcer else "no pod source: nothing is enforced"
+        tasks_ok = True
+        for name, (ok, text) in self.tasks.checks().items():
+            checks[name] = text
+            tasks_ok = tasks_ok and ok
         started, overdue = self.discovery_started, self.discovery_overdue
         if overdue and started is not None:
             # Unready: what is served may no longer be the host. The loop itself is fine (/healthz).
             checks["discovery"] += (f"; stale: a rescan has run {time.monotonic() - started:.0f}s, over "
                                     f"discovery.deadline_seconds ({self.config.discovery.deadline_seconds:g}s)")
-        return r.discovered and r.listening and not bad and k8s_ok and not overdue, checks
+        return r.discovered and r.listening and not bad and k8s_ok and tasks_ok and not overdue, checks
 
     # ---- triggers -----------------------------------------------------------------------------------
     def request_rescan(self, reason: str) -> None:
@@ -498,7 +506,6 @@ class Agent:
                       action="restore the host by hand, then remove the pending marker; applies are refused")
         self.engine = engine
         self.metrics.track_unreadable_journals(lambda: len(engine.unreadable))
-        tasks: list[asyncio.Task[Any]] = []
         monitor = None
         with self._context() as ctx:
             # Listening before the first discovery: a change while it runs still triggers a rescan.
@@ -525,20 +532,22 @@ class Agent:
 
             started.append(stop_servers)
             self._ready.listening = True
-            tasks.append(asyncio.create_task(self._rescan_loop(ctx), name="rescan_loop"))
-            self.link = self._start_link(plans)
-            if self.link is not None:
-                tasks.append(asyncio.create_task(self.link.run(), name="controller_link"))
+            for name in ("rescan_loop", "controller_link", "kubernetes_publisher", "cpu_enforcement"):
+                self.metrics.task_restarts.labels(name)
+            self.tasks.start("rescan_loop", lambda: self._rescan_loop(ctx))
+            link = self.link = self._start_link(plans)
+            if link is not None:
+                self.tasks.start("controller_link", link.run)
             if self.config.kubernetes.enabled:
                 from memtopo.agent.k8s_publisher import publisher_for
 
-                self.k8s_publisher = publisher_for(self.config.kubernetes, self.config.node_name, ctx.fs, self.state,
-                                                   self.metrics.registry)
-                tasks.append(asyncio.create_task(self.k8s_publisher.run(), name="kubernetes_publisher"))
+                publisher = self.k8s_publisher = publisher_for(self.config.kubernetes, self.config.node_name, ctx.fs,
+                                                               self.state, self.metrics.registry)
+                self.tasks.start("kubernetes_publisher", publisher.run)
             if self.config.kubernetes.enforce:
-                self.enforcer = self._start_enforcer(ctx.fs)
-                if self.enforcer is not None:
-                    tasks.append(asyncio.create_task(self.enforcer.run(), name="cpu_enforcement"))
+                enforcer = self.enforcer = self._start_enforcer(ctx.fs)
+                if enforcer is not None:
+                    self.tasks.start("cpu_enforcement", enforcer.run)
             # Serving: from here a stop is the graceful one below.
             started.clear()
             self.notifier.ready(f"serving generation {self.state.generation}")
@@ -548,9 +557,9 @@ class Agent:
                      controller=self.config.controller.address or None)
             if self.on_ready is not None:
                 self.on_ready()
-            failed = await self._tick_until_stopped(tasks)
-            await self._shutdown(server, front, plans, tasks, monitor)
-        return EXIT_FAILURE if failed else EXIT_OK
+            await self._tick_until_stopped()
+            await self._shutdown(server, front, plans, monitor)
+        return EXIT_OK
 
     def _start_enforcer(self, fs: HostFS) -> Enforcer | None:
         if self.pod_source is None or self.pod_reporter is None:
@@ -587,32 +596,20 @@ class Agent:
         self.metrics.observe_plan(result)
         log.info("plan_handled", plan_id=result.plan_id, state=plan_outcome(result), message=result.message)
 
-    async def _tick_until_stopped(self, tasks: list[asyncio.Task[Any]]) -> bool:
-        """Watchdog pings until a stop is requested; True when a background task ended first.
-
-        The rescan loop and the controller link run until stop: one that ends before is a bug, and an
-        agent that kept pinging without it would look healthy while serving a frozen topology or
-        never reaching the controller. It stops instead (exit 1: systemd's Restart=on-failure)."""
+    async def _tick_until_stopped(self) -> None:
+        """Watchdog pings until a stop is requested. A background task that fails meanwhile is
+        restarted by the supervisor (and shown in /readyz), not a reason to stop: the gRPC server,
+        health and plan application go on serving."""
         interval = min(TICK_SECONDS, self.notifier.watchdog_interval() or TICK_SECONDS)
-        stopped = asyncio.create_task(self._stop.wait())
-        try:
-            while not self._stop.is_set():
-                ended = [t for t in tasks if t.done()]
-                if ended:
-                    for task in ended:
-                        exc = None if task.cancelled() else task.exception()
-                        log.error("agent_task_ended", task=task.get_name(), error=repr(exc) if exc else None)
-                    self._stop.set()
-                    return True
-                self.liveness.tick()
-                self.notifier.watchdog()
-                await asyncio.wait({stopped, *tasks}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-            return False
-        finally:
-            stopped.cancel()
+        while not self._stop.is_set():
+            self.liveness.tick()
+            self.notifier.watchdog()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._stop.wait()
 
     async def _shutdown(self, server: grpc.aio.Server, front: transport.Front, plans: PlanRunner,
-                        tasks: list[asyncio.Task[Any]], monitor: Any) -> None:
+                        monitor: Any) -> None:
         log.info("agent_stopping", generation=self.state.generation)
         self._arm_stop_deadline()
         self.notifier.stopping()
@@ -623,10 +620,7 @@ class Agent:
         await plans.drain()  # in-flight plans finish (or roll back) inside the engine
         if self.link is not None:
             await self.link.stop()
-        for task in tasks:
-            if task is not None and not task.done():
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.tasks.stop()
         if self.read_server is not None:
             await asyncio.gather(server.stop(grace=2.0), self.read_server.stop(grace=2.0))
         else:

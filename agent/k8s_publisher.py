@@ -9,8 +9,9 @@ carries an owner reference to the Node, so it is garbage-collected with it.
 An API server that is unreachable, refuses, or answers a conflict (another field manager owns a field,
 e.g. NFD's topology-updater on the same node) is retried with capped, jittered backoff; the agent
 keeps serving meanwhile, and :meth:`Publisher.status` (the agent's ``/readyz``) and the
-``memtopo_k8s_nrt_behind`` gauge say the object in the cluster is behind. The Kubernetes client
-(``kubernetes_asyncio``) is imported only when the publisher connects.
+``memtopo_k8s_nrt_behind`` gauge say the object in the cluster is behind. Its client is the wing's
+one :class:`~memtopo.k8s.kubeapi.KubeApi` (deadlines, bounded answers, typed errors): whatever the API
+server answers, the publisher reports it and retries; it never ends for it.
 """
 
 from __future__ import annotations
@@ -18,29 +19,31 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from memtopo.agent.config import KubernetesConfig
-from memtopo.agent.link import Backoff
 from memtopo.agent.state import TopologyState
+from memtopo.backoff import Backoff
 from memtopo.hostfs import HostFS
 from memtopo.k8s.facts import KubeletFacts, PodResourcesView
-from memtopo.k8s.nrt import API_VERSION, NrtError, build_nrt
+from memtopo.k8s.kubeapi import KubeApi, KubeApiError, metadata
+from memtopo.k8s.names import InvalidNameError
+from memtopo.k8s.nrt import NrtError, build_nrt
 from memtopo.logs import get_logger
+from memtopo.text import excerpt, shorten
 from memtopo.v1 import topology_pb2 as pb
 
 log = get_logger(component="k8s_publisher")
 
-FIELD_MANAGER = "memtopo"
-GROUP, VERSION = API_VERSION.split("/")
-PLURAL = "noderesourcetopologies"
-APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
-REQUEST_TIMEOUT_S = 10.0
-OUTCOMES = ("ok", "unreachable", "conflict", "rejected")
+FIELD_MANAGER: Final = "memtopo"
+REQUEST_TIMEOUT_S: Final = 10.0
+# The publisher reads one Node and applies one object: answers are small.
+MAX_ANSWER_BYTES: Final = 4 << 20
+OUTCOMES: Final = ("ok", "unreachable", "conflict", "rejected")
 
 
 class ApplyError(Exception):
@@ -52,15 +55,10 @@ class ApplyError(Exception):
         self.reason = reason
         self.status = status
 
-
-class ApiClient(Protocol):
-    """What the publisher needs from the API server."""
-
-    async def node_uid(self, name: str) -> str: ...
-
-    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> Mapping[str, Any]: ...
-
-    async def close(self) -> None: ...
+    @classmethod
+    def of(cls, exc: KubeApiError) -> ApplyError:
+        outcome = "conflict" if exc.kind == "conflict" else "unreachable" if exc.transient else "rejected"
+        return cls(outcome, str(exc), exc.status)
 
 
 @dataclass(frozen=True)
@@ -77,83 +75,6 @@ class PublisherSettings:
     resync_seconds: float = 600.0
 
 
-def _message(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 160 else text[:159] + "…"
-
-
-class KubernetesApi:
-    """:class:`ApiClient` over ``kubernetes_asyncio``: in-cluster credentials (the pod's service
-    account), or ``host`` for an API server named explicitly."""
-
-    def __init__(self, host: str = "") -> None:
-        self.host = host
-        self._api: Any = None
-
-    def _client(self) -> Any:
-        if self._api is None:
-            from kubernetes_asyncio import client, config
-
-            configuration = client.Configuration()
-            if self.host:
-                configuration.host = self.host
-            else:
-                try:
-                    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-                except config.ConfigException as exc:
-                    raise ApplyError("unreachable", f"no in-cluster credentials: {_message(exc)}") from None
-            self._api = client.ApiClient(configuration)
-        return self._api
-
-    async def _call(self, make: Callable[[Any], Awaitable[Any]]) -> Any:
-        import aiohttp
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            return await make(self._client())
-        except ApiException as exc:
-            status = int(exc.status or 0)
-            outcome = "conflict" if status == 409 else "unreachable" if status >= 500 or status == 429 else "rejected"
-            raise ApplyError(outcome, f"{status} {_status_message(exc.body) or exc.reason}", status) from None
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ApplyError("unreachable", _message(exc)) from None
-
-    async def node_uid(self, name: str) -> str:
-        from kubernetes_asyncio import client
-
-        node = await self._call(lambda api: client.CoreV1Api(api).read_node(name, _request_timeout=REQUEST_TIMEOUT_S))
-        return str(node.metadata.uid)
-
-    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> Mapping[str, Any]:
-        from kubernetes_asyncio import client
-
-        # The library's stub omits _content_type, which the method takes: without it the patch would go
-        # out as a JSON merge patch, not an apply.
-        result = await self._call(lambda api: client.CustomObjectsApi(api).patch_cluster_custom_object(
-            GROUP, VERSION, PLURAL, obj["metadata"]["name"], dict(obj), field_manager=FIELD_MANAGER,
-            # Only sent when set: the library would write Python's "False".
-            force=True if force else None, _content_type=APPLY_CONTENT_TYPE,  # type: ignore[call-arg, arg-type]
-            _request_timeout=REQUEST_TIMEOUT_S))
-        return result if isinstance(result, Mapping) else {}
-
-    async def close(self) -> None:
-        if self._api is not None:
-            await self._api.close()
-            self._api = None
-
-
-def _status_message(body: object) -> str:
-    """The ``message`` of a Kubernetes Status body, shortened; "" when it is not one."""
-    import json
-
-    try:
-        doc = json.loads(body) if isinstance(body, str | bytes) else None
-    except ValueError:
-        return ""
-    msg = doc.get("message") if isinstance(doc, dict) else None
-    return _message(Exception(msg)) if isinstance(msg, str) else ""
-
-
 @dataclass
 class _Status:
     published_generation: int = 0
@@ -166,13 +87,16 @@ class _Status:
 
 
 class Publisher:
-    def __init__(self, settings: PublisherSettings, state: TopologyState, api: ApiClient, *,
+    """``api``: the client, or a function making it at the first apply (in-cluster credentials missing
+    then are an apply failure, retried and reported, not a failure to start)."""
+
+    def __init__(self, settings: PublisherSettings, state: TopologyState, api: KubeApi | Callable[[], KubeApi], *,
                  read_kubelet: Callable[[], KubeletFacts], read_pods: Callable[[], PodResourcesView],
                  registry: CollectorRegistry | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.state = state
-        self.api = api
+        self._api = api
         self._read_kubelet = read_kubelet
         self._read_pods = read_pods
         self._sleep = sleep
@@ -212,6 +136,12 @@ class Publisher:
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
+    @property
+    def api(self) -> KubeApi:
+        if not isinstance(self._api, KubeApi):
+            self._api = self._api()
+        return self._api
+
     # ---- building -----------------------------------------------------------------------------------
     async def desired(self, topo: pb.MemoryTopology) -> dict[str, Any]:
         """The object for ``topo`` with the kubelet's facts and PodResources answers read now."""
@@ -223,8 +153,14 @@ class Publisher:
             problem = ""
         except PodResourcesError as exc:
             pods, problem = None, exc.reason
+        except Exception as exc:  # a PodResources bug costs the pod counts, not the object
+            pods, problem = None, shorten(f"{type(exc).__name__}: {exc}", 160)
         if problem != self._status.pods_problem:
-            log.info("pod_resources_state", available=not problem, reason=problem or None)
+            # Once per distinct cause: a kubelet answering garbage every poll is one line, not one a poll.
+            if problem:
+                log.warning("pod_resources_state", available=False, reason=problem)
+            else:
+                log.info("pod_resources_state", available=True)
             self._status.pods_problem = problem
         owner = {"name": self.settings.node_name, "uid": self._owner_uid} if self._owner_uid else None
         try:
@@ -233,12 +169,24 @@ class Publisher:
         except NrtError as exc:  # a node name no API server accepts: retried, but only a fix helps
             raise ApplyError("rejected", str(exc)) from None
 
+    async def _node_uid(self) -> str:
+        name = self.settings.node_name
+        action = f"read Node {name}"
+        try:
+            uid = metadata(await self.api.get_node(name), action).get("uid")
+        except InvalidNameError as exc:
+            raise ApplyError("rejected", f"{action}: {exc}") from None
+        if not isinstance(uid, str) or not uid:
+            raise ApplyError("rejected", f"{action}: the Node has no uid: {excerpt(shorten(uid))}")
+        return uid
+
     # ---- the task -----------------------------------------------------------------------------------
     async def run(self) -> None:
         try:
             await self._run()
         finally:
-            await self.api.close()
+            if isinstance(self._api, KubeApi):
+                await self._api.close()
 
     async def _run(self) -> None:
         s = self._status
@@ -250,11 +198,14 @@ class Publisher:
             if s.published is not None and self._now() - s.applied_at >= self.settings.resync_seconds:
                 self._owner_uid, s.published = "", None
             try:
-                if not self._owner_uid:
-                    self._owner_uid = await self.api.node_uid(self.settings.node_name)
-                obj = await self.desired(cur.topology)
-                if obj != s.published:
-                    await self._apply(obj, cur.generation)
+                try:
+                    if not self._owner_uid:
+                        self._owner_uid = await self._node_uid()
+                    obj = await self.desired(cur.topology)
+                    if obj != s.published:
+                        await self._apply(obj, cur.generation)
+                except KubeApiError as exc:
+                    raise ApplyError.of(exc) from None
                 if s.behind:
                     log.info("nrt_caught_up", generation=cur.generation)
                 s.behind, s.attempts, s.last_error = False, 0, ""
@@ -283,7 +234,7 @@ class Publisher:
             await asyncio.gather(change, stop, return_exceptions=True)
 
     async def _apply(self, obj: dict[str, Any], generation: int) -> None:
-        await self.api.apply(obj, force=self.settings.force_conflicts)
+        await self.api.apply_nrt(obj, field_manager=FIELD_MANAGER, force=self.settings.force_conflicts)
         s = self._status
         s.published, s.published_generation, s.applied_at = obj, generation, self._now()
         self._m_generation.set(generation)
@@ -309,5 +260,8 @@ def publisher_for(cfg: KubernetesConfig, agent_node_name: str, fs: HostFS, state
         node_name=cfg.node_name or os.environ.get("NODE_NAME", "") or agent_node_name,
         pod_resources_seconds=cfg.pod_resources_seconds, backoff_initial_seconds=cfg.backoff_initial_seconds,
         backoff_max_seconds=cfg.backoff_max_seconds, force_conflicts=cfg.force_conflicts)
-    return Publisher(settings, state, KubernetesApi(cfg.api_server), read_kubelet=lambda: read_kubelet_facts(fs, paths),
+    def api() -> KubeApi:
+        return KubeApi.from_flag(cfg.api_server, timeout_s=REQUEST_TIMEOUT_S, max_answer_bytes=MAX_ANSWER_BYTES)
+
+    return Publisher(settings, state, api, read_kubelet=lambda: read_kubelet_facts(fs, paths),
                      read_pods=read_pods, registry=registry)

@@ -18,11 +18,11 @@ import enum
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import grpc
 import structlog
 
+from memtopo.backoff import Backoff
 from memtopo.grpcserve import MAX_MESSAGE_BYTES
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
@@ -50,18 +50,6 @@ class LinkState(enum.StrEnum):
     DISCONNECTED = "disconnected"
     CONNECTING = "connecting"
     CONNECTED = "connected"
-
-
-@dataclass(frozen=True)
-class Backoff:
-    initial: float = 0.5
-    maximum: float = 30.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        """Exponential, capped, with jitter over the upper half so a restarted controller is not met
-        by every agent of the fleet in the same instant."""
-        cap = min(self.maximum, self.initial * (2 ** min(attempt, 30)))
-        return rng.uniform(cap / 2, cap)
 
 
 class ControllerLink:

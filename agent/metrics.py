@@ -229,6 +229,10 @@ class AgentMetrics:
         self.health_connections_evicted = Counter(
             PREFIX + "health_connections_evicted",
             "Health endpoint connections closed to make room for a new one (oldest idle first).", registry=reg)
+        self.task_restarts = Counter(
+            PREFIX + "agent_task_restarts",
+            "Background tasks (rescan loop, controller link, Kubernetes publisher) started again after they "
+            "failed, by task.", ["task"], registry=reg)
         if process_metrics:
             # Unprefixed process_* names on purpose: that is what every dashboard and alert expects.
             ProcessCollector(registry=reg)

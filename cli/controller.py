@@ -40,7 +40,7 @@ from memtopo.planner.names import FLEET_POLICIES
 if TYPE_CHECKING:
     import grpc
 
-    from memtopo.controller.kubeapi import KubeApi
+    from memtopo.k8s.kubeapi import KubeApi
     from memtopo.v1 import agent_pb2 as apb
     from memtopo.v1 import plan_pb2 as planpb
 
@@ -216,13 +216,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _kube_api(value: str) -> KubeApi | None:
-    from memtopo.controller.kubeapi import KubeApi, KubeApiError
     from memtopo.controller.server import ControllerConfigError
+    from memtopo.k8s.kubeapi import KubeApi, KubeApiError
 
     if not value:
         return None
     try:
-        return KubeApi.in_cluster() if value == "in-cluster" else KubeApi(value)
+        return KubeApi.from_flag(value)
     except KubeApiError as exc:
         raise ControllerConfigError(f"--kube-api: {exc}") from exc
 

@@ -34,15 +34,18 @@ from fractions import Fraction
 from typing import Any, Final, Protocol
 
 from memtopo.controller.http import Request, Response, Routes
-from memtopo.controller.kubeapi import KubeApiError, PodApi
 from memtopo.controller.state import ControllerState
-from memtopo.k8s import enforcement, quantity
+from memtopo.k8s import enforcement, kubeapi, quantity
+from memtopo.k8s import names as k8s_names
+from memtopo.k8s.kubeapi import KubeApi, KubeApiError
+from memtopo.k8s.names import InvalidNameError
 from memtopo.k8s.resources import AMD_GPU, ASCEND_910, KUNLUNXIN_XPU, NVIDIA_GPU, XPU_DEVICE_ANNOTATION
 from memtopo.logs import get_logger
 from memtopo.planner import fleet as fleet_policies
 from memtopo.planner import hccs, place, xpu
 from memtopo.planner.errors import PlanError
 from memtopo.planner.fleet import DeviceView, FleetNode
+from memtopo.text import shorten
 from memtopo.v1 import topology_pb2 as pb
 
 log = get_logger(component="extender")
@@ -69,6 +72,8 @@ POD_SIZES: Final = (1, 2, 4, 8)
 MAX_NAME: Final = 253
 GIB: Final = 1 << 30
 DEFAULT_REFRESH_S: Final = 10.0
+# The pods the ledger reads its allocations from: bound to a node and not finished.
+BOUND_PODS: Final = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 _DEVICE_RESOURCE: Final = {"hccs": NPU_RESOURCE, "xpu": XPU_RESOURCE}
 
 
@@ -78,12 +83,6 @@ class ExtenderError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def _excerpt(value: object, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    shown = text if len(text) <= limit else text[:limit] + "…"
-    return shown.encode("unicode_escape").decode("ascii")
 
 
 # ---- the pod -----------------------------------------------------------------------------------------
@@ -169,7 +168,7 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
     requests = pod_requests(pod)
     named = annotations.get(POLICY_ANNOTATION)
     if named is not None and named not in (*fleet_policies.POLICIES, "none"):
-        raise ExtenderError("invalid_pod", f"{POLICY_ANNOTATION}: {_excerpt(named)!r} is not one of "
+        raise ExtenderError("invalid_pod", f"{POLICY_ANNOTATION}: {shorten(named)!r} is not one of "
                                            f"{', '.join((*fleet_policies.POLICIES, 'none'))}")
     npus, xpus = _count(requests, NPU_RESOURCE), _count(requests, XPU_RESOURCE)
     gpus = sum(_count(requests, r) for r in GPU_RESOURCES)
@@ -199,7 +198,7 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
     cxl = annotations.get(ALLOW_CXL_ANNOTATION)
     if cxl is not None:
         if cxl not in ("true", "false"):
-            raise ExtenderError("invalid_pod", f"{ALLOW_CXL_ANNOTATION}: expected true or false, got {_excerpt(cxl)!r}")
+            raise ExtenderError("invalid_pod", f"{ALLOW_CXL_ANNOTATION}: expected true or false, got {shorten(cxl)!r}")
         constraints["allow_cxl_memory"] = cxl == "true"
     if constraints:
         body["constraints"] = constraints
@@ -447,7 +446,7 @@ def _candidate_nodes(args: Mapping[str, Any]) -> _Nodes:
 def _checked_names(names: list[str]) -> list[str]:
     if names and (not all(names) or max(map(len, names)) > MAX_NAME):
         bad = next(n for n in names if not n or len(n) > MAX_NAME)
-        raise ExtenderError("invalid_request", f"node name {_excerpt(bad)!r} is not a node name")
+        raise ExtenderError("invalid_request", f"node name {shorten(bad)!r} is not a node name")
     return names
 
 
@@ -455,7 +454,7 @@ class Extender:
     """The three verbs over the controller's fleet. ``api`` (None: bind answers an Error and the
     ledger holds nothing) reads and binds pods; ``views`` are further sources of devices in use."""
 
-    def __init__(self, state: ControllerState, api: PodApi | None = None,
+    def __init__(self, state: ControllerState, api: KubeApi | None = None,
                  views: Sequence[DeviceUseView] = (), refresh_s: float = DEFAULT_REFRESH_S) -> None:
         self.state = state
         self.api = api
@@ -484,7 +483,7 @@ class Extender:
                 try:
                     args = json.loads(request.body)
                 except (ValueError, RecursionError) as exc:
-                    raise ExtenderError("invalid_json", f"the body is not JSON: {_excerpt(str(exc), 80)}") from None
+                    raise ExtenderError("invalid_json", f"the body is not JSON: {shorten(str(exc), 80)}") from None
                 if not isinstance(args, dict):
                     wanted = "ExtenderBindingArgs" if verb == "bind" else "ExtenderArgs"
                     raise ExtenderError("invalid_json", f"the body is not a JSON object ({verb} takes {wanted})")
@@ -539,14 +538,22 @@ class Extender:
             raise ExtenderError("no_api", "bind: this controller has no Kubernetes API server to bind through "
                                           "(memtopo controller serve --kube-api)")
         try:
-            pod = await asyncio.to_thread(api.get_pod, namespace, name)
+            k8s_names.node_name(node)  # before it is part of a message or a Binding
+            pod = await api.get_pod(namespace, name)
+        except InvalidNameError as exc:
+            raise ExtenderError("invalid_request", f"bind: {exc}") from None
         except KubeApiError as exc:
-            raise ExtenderError("api", f"bind: reading pod {namespace}/{name}: {exc}") from exc
+            raise ExtenderError("api", f"bind: {exc}") from exc
         pod_uid = _obj(pod.get("metadata"), "Pod.metadata").get("uid", "")
         if uid and pod_uid and uid != pod_uid:
-            raise ExtenderError("stale", f"bind: pod {namespace}/{name} is now uid {_excerpt(pod_uid)}, not {uid}")
+            raise ExtenderError("stale", f"bind: pod {namespace}/{name} is now uid {shorten(pod_uid)}, "
+                                         f"not {shorten(uid)}")
         key = uid or str(pod_uid) or f"{namespace}/{name}"
-        async with self._bind_lock:  # two binds must not both take the same free devices
+        # Two binds must not both take the same free devices: the choice and its entry in the ledger are
+        # made under the lock, the API calls after it, so a slow API server delays (or fails) its own
+        # bind only, while later binds already see these devices as taken.
+        allocation: Allocation | None = None
+        async with self._bind_lock:
             annotations: dict[str, str] = {}
             ask = pod_ask(pod)
             if ask.policy is not None:
@@ -560,13 +567,15 @@ class Extender:
                 allocation = _allocation(node, pick)
                 if allocation is not None:
                     self.ledger.record(key, allocation)
-            try:
-                if annotations:
-                    await asyncio.to_thread(api.annotate_pod, namespace, name, annotations)
-                await asyncio.to_thread(api.bind_pod, namespace, name, uid, node)
-            except KubeApiError as exc:
+        try:
+            if annotations:
+                await api.annotate_pod(namespace, name, annotations)
+            await api.bind_pod(namespace, name, uid, node)
+        except (KubeApiError, InvalidNameError) as exc:
+            if allocation is not None:
                 self.ledger.forget(key)
-                raise ExtenderError("api", f"bind: {namespace}/{name} → {node}: {exc}") from exc
+            raise ExtenderError("api" if isinstance(exc, KubeApiError) else "invalid_request",
+                                f"bind: {namespace}/{name} → {node}: {exc}") from exc
         log.info("extender_bound", pod=f"{namespace}/{name}", node=node, policy=ask.policy, why=ask.why,
                  devices=annotations.get(ALLOCATION_ANNOTATION))
         return {"Error": ""}
@@ -679,7 +688,10 @@ class Extender:
         if api is None:
             return
         started = self.ledger._clock()
-        pods = await asyncio.to_thread(api.bound_pods)
+        pods: list[dict[str, Any]] = []
+        async for page in api.list_pages(kubeapi.core("pods"), {"fieldSelector": BOUND_PODS}):
+            # Only the pods carrying an allocation are kept: a large cluster's pods are not held at once.
+            pods.extend(p for p in page.items if parse_allocation(p) is not None)
         self.ledger.replace(pods, started)
         log.debug("extender_ledger_refreshed", pods=len(pods), ledger_version=self.ledger.version)
 

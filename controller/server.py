@@ -47,11 +47,11 @@ from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 
 if TYPE_CHECKING:
-    # The HTTP side (prometheus_client, the extender and the planners, urllib) is imported when a
+    # The HTTP side (prometheus_client, the extender and the planners, the Kubernetes client) is imported when a
     # controller starts, not by every command that imports this module (`memtopo --help`).
     from memtopo.controller.http import HttpServer
-    from memtopo.controller.kubeapi import PodApi
     from memtopo.controller.state import ControllerState
+    from memtopo.k8s.kubeapi import KubeApi
 
 log = get_logger(component="controller")
 
@@ -439,6 +439,8 @@ class RunningController:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.hub.state.kube is not None:
+            await self.hub.state.kube.close()
         log.info("controller_stopped", address=self.address)
 
 
@@ -484,7 +486,7 @@ def http_ssl_context(cert: str, key: str) -> ssl.SSLContext:
 
 async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None, *,
                            http: str | None = None, http_ssl: ssl.SSLContext | None = None,
-                           http_insecure: bool = False, kube: PodApi | None = None,
+                           http_insecure: bool = False, kube: KubeApi | None = None,
                            kube_refresh_s: float = 10.0) -> RunningController:
     """Serve Controller, ControllerAdmin, health and reflection on ``listen`` (host:port, port 0 =
     any, or unix:PATH). Plaintext only on loopback; elsewhere ``credentials`` (grpc.ServerCredentials)
@@ -537,7 +539,7 @@ def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerC
 async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials | None, grace: float = 5.0,
                                 signals: Iterable[int] | None = None, *, http: str | None = None,
                                 http_ssl: ssl.SSLContext | None = None, http_insecure: bool = False,
-                                kube: PodApi | None = None, kube_refresh_s: float = 10.0) -> None:
+                                kube: KubeApi | None = None, kube_refresh_s: float = 10.0) -> None:
     """Run until SIGTERM/SIGINT, then stop gracefully."""
     import signal
 

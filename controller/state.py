@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from memtopo.controller.fleet import Fleet
-    from memtopo.controller.kubeapi import PodApi
     from memtopo.controller.metrics import ControllerMetrics
+    from memtopo.k8s.kubeapi import KubeApi
 
 # Changed node names remembered for ``Changes.since``; a watcher further behind reloads everything.
 CHANGE_HISTORY: Final = 4096
@@ -68,7 +68,7 @@ class ControllerState:
     # node → (plan_id, dry_run) of the plans sent to it that await a result (the server sets it).
     pending_plans: Callable[[str], Iterable[tuple[str, bool]]] = lambda node: ()
     # The Kubernetes API server the scheduler extender binds through and reads pods from (None: none).
-    kube: PodApi | None = None
+    kube: KubeApi | None = None
     kube_refresh_s: float = 10.0
     # The scheduler extender once installed (controller.extender.Extender).
     extender: Any = None

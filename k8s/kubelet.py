@@ -20,15 +20,16 @@ from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS
 from memtopo.k8s.facts import KubeletFacts
 from memtopo.k8s.quantity import QuantityError, parse_bytes
 from memtopo.k8s.resources import hugepage_resource
+from memtopo.text import EXCERPT_CHARS, shorten
 
 MAX_CONFIG_BYTES = 1 << 20
 class KubeletConfigError(ValueError):
     """A value in the kubelet configuration memtopo cannot use."""
 
 
-def _show(value: object, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _shown(value: object) -> str:
+    # Quoted as a repr (a string's quotes show where it ends), escaped and cut by the one shortener.
+    return shorten(repr(value), EXCERPT_CHARS)
 
 
 def parse_quantity(value: object) -> int:
@@ -44,7 +45,7 @@ def _string(doc: Mapping[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > 64:
-        raise KubeletConfigError(f"{key}: not a short string: {_show(value)}")
+        raise KubeletConfigError(f"{key}: not a short string: {_shown(value)}")
     return value
 
 
@@ -52,19 +53,19 @@ def _reserved_memory(value: object) -> dict[int, dict[str, int]]:
     if value is None:
         return {}
     if not isinstance(value, list):
-        raise KubeletConfigError(f"reservedMemory: not a list: {_show(value)}")
+        raise KubeletConfigError(f"reservedMemory: not a list: {_shown(value)}")
     out: dict[int, dict[str, int]] = {}
     for item in value[:1024]:
         if not isinstance(item, Mapping):
-            raise KubeletConfigError(f"reservedMemory: entry is not a mapping: {_show(item)}")
+            raise KubeletConfigError(f"reservedMemory: entry is not a mapping: {_shown(item)}")
         node, limits = item.get("numaNode"), item.get("limits") or {}
         if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 1 << 16:
-            raise KubeletConfigError(f"reservedMemory: numaNode {_show(node)} is not a NUMA node id")
+            raise KubeletConfigError(f"reservedMemory: numaNode {_shown(node)} is not a NUMA node id")
         if not isinstance(limits, Mapping):
             raise KubeletConfigError(f"reservedMemory: limits of node {node} is not a mapping")
         for res, qty in limits.items():
             if not isinstance(res, str):
-                raise KubeletConfigError(f"reservedMemory: resource name {_show(res)}")
+                raise KubeletConfigError(f"reservedMemory: resource name {_shown(res)}")
             out.setdefault(node, {})[res] = out.get(node, {}).get(res, 0) + parse_quantity(qty)
     return out
 
@@ -76,10 +77,10 @@ def facts_from_config(doc: object, path: str) -> KubeletFacts:
             raise KubeletConfigError("not a KubeletConfiguration mapping")
         kind = doc.get("kind")
         if kind is not None and kind != "KubeletConfiguration":
-            raise KubeletConfigError(f"kind is {_show(kind)}, not KubeletConfiguration")
+            raise KubeletConfigError(f"kind is {_shown(kind)}, not KubeletConfiguration")
         cpus_text = doc.get("reservedSystemCPUs") or ""
         if not isinstance(cpus_text, str):
-            raise KubeletConfigError(f"reservedSystemCPUs: not a CPU list: {_show(cpus_text)}")
+            raise KubeletConfigError(f"reservedSystemCPUs: not a CPU list: {_shown(cpus_text)}")
         try:
             reserved_cpus = parse_cpulist(cpus_text)
         except CpuListError as exc:

@@ -15,11 +15,11 @@ attribute says so.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from memtopo.k8s import names
 from memtopo.k8s.facts import DeviceGrant, KubeletFacts, MemoryGrant, PodResourcesView
 from memtopo.k8s.quantity import format_bytes
 from memtopo.k8s.resources import accelerator_resource, device_plugin_id
@@ -29,8 +29,6 @@ API_VERSION = "topology.node.k8s.io/v1alpha2"
 KIND = "NodeResourceTopology"
 ZONE_TYPE = "Node"
 ATTR = "memtopo.io/"
-# Kubernetes object names (nodes included) are DNS subdomains.
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _DOMAIN_WORDS = {
     pb.MEMORY_DOMAIN_TYPE_DRAM: "DRAM", pb.MEMORY_DOMAIN_TYPE_HBM: "HBM",
     pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED: "CXL", pb.MEMORY_DOMAIN_TYPE_NVM: "NVM",
@@ -42,10 +40,6 @@ _GROUP_ATTRS = {"hccs-ring": ATTR + "hccs-ring", "numa-half": ATTR + "xpu-numa-h
 
 class NrtError(ValueError):
     """The object cannot be built (a node name Kubernetes would refuse)."""
-
-
-def valid_object_name(name: str) -> bool:
-    return 0 < len(name) <= 253 and _NAME.fullmatch(name) is not None
 
 
 def zone_name(node_id: int) -> str:
@@ -318,9 +312,15 @@ def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet:
     ``owner``: the Node's ``uid`` (and ``name``) for an owner reference, so the object is garbage-
     collected with its node. Raises :class:`NrtError` for a name Kubernetes would refuse."""
     name = node_name or topo.node_name
-    if not valid_object_name(name):
-        raise NrtError(f"{name[:80]!r} is not a Kubernetes node name (lowercase DNS subdomain): "
-                       "pass --node-name / set kubernetes.node_name")
+    if not name:
+        # An unprintable host name is discovered as none; host.identity's reason quotes it escaped.
+        why = next((r for s in topo.sources if s.source == "host.identity" for r in s.reasons
+                    if r.startswith("no host name")), "")
+        raise NrtError(f"no node name{f' ({why})' if why else ''}: pass --node-name / set kubernetes.node_name")
+    try:
+        names.node_name(name)
+    except names.InvalidNameError as exc:
+        raise NrtError(f"{exc}: pass --node-name / set kubernetes.node_name") from None
     kubelet = kubelet or KubeletFacts()
     nodes = zone_nodes(topo)
     zone_ids = {n.id for n in nodes}

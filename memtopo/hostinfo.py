@@ -6,6 +6,7 @@ command-line apply validates against them; both read them here so the two never 
 from __future__ import annotations
 
 from memtopo.hostfs import HostFS, HostReadError
+from memtopo.text import excerpt
 
 # First readable non-empty file wins. The proc entries reflect the running kernel (and the UTS
 # namespace); the /etc files are what a capture or a minimal container may have instead.
@@ -30,7 +31,7 @@ def first_value(fs: HostFS, candidates: tuple[str, ...]) -> tuple[str, list[str]
         value = next((ln.strip() for ln in text.split("\n") if ln.strip() and not ln.lstrip().startswith("#")), "")
         if value and value.isprintable():
             return value, []
-        failures.append(f"{rel}: empty or not printable")
+        failures.append(f"{rel}: not printable: {excerpt(value)}" if value else f"{rel}: empty")
     return "", failures
 
 

@@ -72,3 +72,16 @@ def channel_credentials(ca: str | None, cert: str | None, key: str | None) -> gr
         root_certificates=read_pem(ca, "CA") if ca else None,
         private_key=read_pem(key, "key") if key else None,
         certificate_chain=read_pem(cert, "certificate") if cert else None)
+
+
+def client_context(ca: str | None = None) -> ssl.SSLContext:
+    """A client context verifying the server against ``ca`` alone (a PEM bundle: a cluster's own CA, not
+    the system's roots besides), or the system roots when None."""
+    if not ca:
+        return ssl.create_default_context()
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checked, certificate required
+    try:
+        ctx.load_verify_locations(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsError(f"TLS CA {ca}: {reason(exc)}") from None
+    return ctx

@@ -1,5 +1,5 @@
 """The daemon in this process against a captured root: what it does when one of its background
-tasks ends before a stop was asked for."""
+tasks fails or ends before a stop was asked for (it is started again; the agent goes on serving)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 import structlog
 
 from memtopo.agent.config import load_config
-from memtopo.agent.daemon import EXIT_FAILURE, EXIT_OK, Agent
+from memtopo.agent.daemon import EXIT_OK, Agent
 from memtopo.agent.sdnotify import Notifier
+from memtopo.agent.tasks import Supervisor
+from memtopo.backoff import Backoff
 from tests.fixtures import lab_root
 
 
@@ -36,26 +38,96 @@ def _run(agent: Agent, after_ready: Any) -> int:
     return asyncio.run(main())
 
 
-def test_a_rescan_loop_that_dies_stops_the_agent_with_a_failure(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pinging the watchdog on without the loop would serve a frozen topology as healthy; exit 1 lets
-    systemd (Restart=on-failure) start a whole agent again."""
+def test_a_failing_rescan_loop_is_restarted_and_shown_while_the_agent_keeps_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background task's failure never stops the daemon: the loop is started again after a backoff,
+    /readyz names it and its cause, the restarts are counted, and the cause is logged once."""
     agent = _agent(tmp_path)
+    seen: dict[str, Any] = {}
+
+    def restarted(name: str) -> None:
+        agent.metrics.task_restarts.labels(name).inc()
+        seen.setdefault("down", agent.ready())  # as /readyz answers while the task waits to restart
+
+    agent.tasks = Supervisor(agent._stop.is_set, restarted, backoff=Backoff(0.01, 0.02))
     real = Agent._discover_and_publish
+    failures: list[str] = []
+    worked: list[str] = []
 
-    async def discover_once(self: Agent, ctx: Any, reason: str) -> None:
-        if reason == "start":
-            await real(self, ctx, reason)
-            return
-        raise RuntimeError("bug in a rescan")
+    async def discover(self: Agent, ctx: Any, reason: str) -> None:
+        if reason != "start" and len(failures) < 3:
+            failures.append(reason)
+            raise RuntimeError("bug in a rescan: " + "\x1b[2J" * 500)  # a cause that would flood a log
+        await real(self, ctx, reason)
+        worked.append(reason)
 
-    monkeypatch.setattr(Agent, "_discover_and_publish", discover_once)
+    monkeypatch.setattr(Agent, "_discover_and_publish", discover)
+
+    async def exercise() -> None:
+        for i in range(3):
+            agent.request_rescan("test")
+            await _until(lambda n=i + 1: len(failures) == n)
+        await _until(lambda: agent.tasks.states["rescan_loop"].down_until is None and agent.tasks.states[
+            "rescan_loop"].restarts == 3)
+        agent.request_rescan("test")  # the fourth rescan works again
+        await _until(lambda: len(worked) == 2)
+        seen["after"] = agent.ready()
+        seen["metrics"] = agent.metrics.render()[0].decode()
+        agent.request_stop()
+
     with structlog.testing.capture_logs() as logs:
-        code = _run(agent, lambda: agent.request_rescan("test"))
-    assert code == EXIT_FAILURE
-    ended = [e for e in logs if e["event"] == "agent_task_ended"]
-    assert ended and ended[0]["task"] == "rescan_loop" and "bug in a rescan" in ended[0]["error"]
-    assert [e for e in logs if e["event"] == "agent_stopped"]  # the orderly shutdown still ran
+        code = _run_async(agent, exercise)
+    assert code == EXIT_OK
+    ready, checks = seen["down"]
+    text = checks["task_rescan_loop"]
+    assert not ready and text.startswith("down after RuntimeError: bug in a rescan: \\x1b[2J")
+    assert "(at test_agent_daemon.py:" in text and len(text) < 300
+    ready, checks = seen["after"]
+    assert not ready and checks["task_rescan_loop"].startswith("running; restarted 3 times")
+    assert 'memtopo_agent_task_restarts_total{task="rescan_loop"} 3.0' in seen["metrics"]
+    failed = [e for e in logs if e["event"] == "agent_task_failed"]
+    assert len(failed) == 1 and failed[0]["task"] == "rescan_loop" and len(failed[0]["cause"]) < 250
+    assert [e for e in logs if e["event"] == "agent_stopped"]
+
+
+def test_a_task_that_ends_early_is_restarted_too() -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        runs: list[int] = []
+
+        async def job() -> None:
+            runs.append(1)
+            if len(runs) == 3:
+                await stop.wait()
+
+        supervisor = Supervisor(stop.is_set, backoff=Backoff(0.01, 0.01))
+        supervisor.start("short", job)
+        await asyncio.wait_for(_until_async(lambda: len(runs) == 3), 30)
+        assert supervisor.states["short"].restarts == 2
+        assert "it ended before the agent stopped" in supervisor.checks()["task_short"][1]
+        stop.set()
+        await supervisor.stop()
+    asyncio.run(main())
+
+
+async def _until_async(cond: Any) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)
+
+
+async def _until(cond: Any) -> None:
+    await asyncio.wait_for(_until_async(cond), 30)
+
+
+def _run_async(agent: Agent, after_ready: Any) -> int:
+    async def main() -> int:
+        run = asyncio.create_task(agent.run())
+        while agent.server is None or agent.state.current is None:
+            assert not run.done(), run.result()
+            await asyncio.sleep(0.01)
+        await after_ready()
+        return await asyncio.wait_for(run, 30)
+    return asyncio.run(main())
 
 
 def test_a_requested_stop_is_a_clean_exit(tmp_path: Path) -> None:
@@ -63,7 +135,7 @@ def test_a_requested_stop_is_a_clean_exit(tmp_path: Path) -> None:
     with structlog.testing.capture_logs() as logs:
         code = _run(agent, agent.request_stop)
     assert code == EXIT_OK
-    assert not [e for e in logs if e["event"] == "agent_task_ended"]
+    assert not [e for e in logs if e["event"] == "agent_task_failed"]
 
 
 def _enforcing_agent(tmp_path: Path, with_seams: bool) -> Agent:

@@ -35,8 +35,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # type:
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtopo.agent.link import Backoff, ControllerLink, LinkState
+from memtopo.agent.link import ControllerLink, LinkState
 from memtopo.agent.state import TopologyState
+from memtopo.backoff import Backoff
 from memtopo.cli import controller as cli
 from memtopo.cli.main import main as memtopo_main
 from memtopo.controller.fleet import (

@@ -2,7 +2,8 @@
 them (k8s.io/kube-scheduler/extender/v1: Go field names, capitalised; NodeNames with
 nodeCacheCapable, a NodeList without), over a real controller's HTTP listener. Topologies are the
 fixture hosts of tests/test_planner_fleet.py stored in the controller's fleet directly; the API
-server for bind is a stand-in (``StandInApiServer``: the four REST calls the extender makes)."""
+server for bind is a stand-in (tests/k8s_standin.py: pods, bindings and their list, not a Kubernetes API
+server)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from fractions import Fraction
 from functools import cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -22,14 +22,16 @@ from hypothesis import strategies as st
 from memtopo.controller import extender as ext
 from memtopo.controller.fleet import Hello
 from memtopo.controller.http import MAX_BODY_BYTES
-from memtopo.controller.kubeapi import KubeApi
 from memtopo.controller.server import RunningController, start_controller
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
+from memtopo.k8s import kubeapi
+from memtopo.k8s.kubeapi import KubeApi
 from memtopo.planner import fleet
 from memtopo.planner.errors import PlanError
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import extracted
+from tests.k8s_standin import StandInApiServer
 from tests.test_controller_http import exchange, post
 from tests.test_planner_fleet import FIXTURES, node, npu
 
@@ -303,74 +305,12 @@ def test_a_gpu_pod_is_placed_by_the_place_policy_with_its_requests_and_annotatio
 
 
 # ---- bind ----------------------------------------------------------------------------------------------
-class StandInApiServer:
-    """A stand-in for the Kubernetes API server: the four calls the extender makes (GET a pod, list
-    pods, PATCH a pod's annotations, POST a Binding), over plain HTTP, pods held in a dict."""
-
-    def __init__(self) -> None:
-        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self.bindings: list[dict[str, Any]] = []
-        self.fail_binding = False
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self, status: int, doc: Any) -> None:
-                raw = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def _body(self) -> Any:
-                return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-
-            def _pod(self) -> tuple[tuple[str, str], list[str]]:
-                parts = self.path.split("?")[0].strip("/").split("/")
-                return (parts[3], parts[5]), parts[6:]
-
-            def do_GET(self) -> None:
-                if self.path.startswith("/api/v1/pods?"):
-                    items = [p for p in outer.pods.values() if p["spec"].get("nodeName")]
-                    self._answer(200, {"kind": "PodList", "metadata": {}, "items": items})
-                    return
-                key, _ = self._pod()
-                found = outer.pods.get(key)
-                self._answer(200 if found else 404, found or {"kind": "Status", "message": "pods not found"})
-
-            def do_PATCH(self) -> None:
-                key, _ = self._pod()
-                assert self.headers["Content-Type"] == "application/merge-patch+json"
-                outer.pods[key]["metadata"]["annotations"].update(self._body()["metadata"]["annotations"])
-                self._answer(200, outer.pods[key])
-
-            def do_POST(self) -> None:
-                key, rest = self._pod()
-                binding = self._body()
-                assert rest == ["binding"] and binding["kind"] == "Binding"
-                if outer.fail_binding:
-                    self._answer(409, {"kind": "Status", "message": "pod is already assigned"})
-                    return
-                outer.bindings.append(binding)
-                outer.pods[key]["spec"]["nodeName"] = binding["target"]["name"]
-                self._answer(201, {"kind": "Status", "status": "Success"})
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def api() -> Iterator[StandInApiServer]:
+    """The shared stand-in API server (tests/k8s_standin.py), in a thread of its own: the controller
+    under test runs its own event loop."""
     server = StandInApiServer()
+    server.start_in_thread()
     yield server
     server.close()
 
@@ -407,7 +347,9 @@ def test_bind_writes_the_device_annotation_then_the_binding_and_the_ledger_holds
         # A refresh from the API server's bound pods gives the same ledger.
         extender: ext.Extender = running.state.extender
         fresh = ext.DeviceLedger()
-        fresh.replace(await asyncio.to_thread(KubeApi(api.url).bound_pods), 0.0)
+        reader = KubeApi(api.url)
+        fresh.replace((await reader.list(kubeapi.core("pods"), {"fieldSelector": ext.BOUND_PODS})).items, 0.0)
+        await reader.close()
         assert fresh.allocated(ext.NPU_RESOURCE) == extender.ledger.allocated(ext.NPU_RESOURCE) == {
             "n1": frozenset(range(8))}
         # Pod a ends: after the next refresh its ring is free again.
@@ -424,12 +366,40 @@ def test_bind_errors_are_answered_with_error(api: StandInApiServer) -> None:
         assert "uid" in (await call(port, "bind", binding_args("a", "other", "n1")))["Error"]
         assert "not found" in (await call(port, "bind", binding_args("zz", "u", "n1")))["Error"]
         assert "Node is missing" in (await call(port, "bind", {"PodName": "a", "PodNamespace": "default"}))["Error"]
+        hostile = (await call(port, "bind", binding_args("a", "ua", "../nodes\x1b[2J")))["Error"]
+        assert hostile == "bind: '../nodes\\x1b[2J' is not a Kubernetes node name (a lowercase DNS-1123 subdomain " \
+                          "of at most 253 characters)"
+        assert "../" not in "".join(r.path for r in api.requests)
         api.fail_binding = True
         answer = await call(port, "bind", binding_args("a", "ua", "n1"))
         assert "already assigned" in answer["Error"]
         extender: ext.Extender = running.state.extender
         assert extender.ledger.allocated(ext.NPU_RESOURCE) == {}  # a failed bind hands nothing out
     with_fleet([node("910", "n1")], body, kube=KubeApi(api.url), kube_refresh_s=3600)
+
+
+def test_a_slow_api_server_fails_its_own_bind_and_never_holds_up_the_next(api: StandInApiServer) -> None:
+    """The bind lock covers the choice of devices, not the API calls: while the API server sits on pod a's
+    annotation (until the client's deadline), pod b is bound at once, to the other ring; a's devices
+    go back to the ledger when its bind fails."""
+    api.pods[("default", "a")] = npu_pod(4, name="a", uid="ua")
+    api.pods[("default", "b")] = npu_pod(4, name="b", uid="ub")
+    api.held[("PATCH", "/api/v1/namespaces/default/pods/a")] = threading.Event()  # never released
+
+    async def body(running: RunningController, port: int) -> None:
+        extender: ext.Extender = running.state.extender
+        slow = asyncio.create_task(call(port, "bind", binding_args("a", "ua", "n1")))
+        while not [r for r in api.requests if r.method == "PATCH" and r.path.endswith("/pods/a")]:
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(call(port, "bind", binding_args("b", "ub", "n1")), 30) == {"Error": ""}
+        assert not slow.done()  # b did not wait for a
+        assert api.pods[("default", "b")]["metadata"]["annotations"]["huawei.com/Ascend910"] == \
+            "Ascend910-4,Ascend910-5,Ascend910-6,Ascend910-7"
+        answer = await asyncio.wait_for(slow, 60)
+        assert answer["Error"] == ("bind: default/a → n1: annotate pod default/a: no answer within 2 s")
+        assert extender.ledger.allocated(ext.NPU_RESOURCE) == {"n1": frozenset(range(4, 8))}
+        assert "nodeName" not in api.pods[("default", "a")]["spec"]
+    with_fleet([node("910", "n1")], body, kube=KubeApi(api.url, timeout_s=2.0), kube_refresh_s=3600)
 
 
 def test_bind_without_an_api_server_is_an_error_and_metrics_count_each_verb() -> None:

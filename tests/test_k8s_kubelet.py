@@ -5,10 +5,14 @@ with the kubelet's field numbers on its method paths (memtopo's own schema must 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -28,11 +32,12 @@ from memtopo.k8s.api.podresources.v1 import podresources_pb2_grpc as pr_grpc
 from memtopo.k8s.facts import DeviceGrant, MemoryGrant
 from memtopo.k8s.kubelet import facts_from_config, read_kubelet_facts
 from memtopo.k8s.nrt import build_nrt
-from memtopo.k8s.podresources import PodResourcesError, read_pod_resources
+from memtopo.k8s.podresources import MAX_DEVICE_IDS, PodResourcesError, read_pod_resources, view_from_answers
 from tests.fixtures import extracted
 from tests.test_k8s_nrt import assert_valid, res
 
 DATA = Path(__file__).parent / "data" / "podresources"
+REPO = Path(__file__).resolve().parents[1]
 SYNTH = Path(__file__).parent / "fixtures"
 
 CONFIG = """\
@@ -274,6 +279,10 @@ WIRE_ALLOCATABLE = (_len(1, _devices("nvidia.com/gpu", ["GPU-a", "GPU-b", "GPU-c
                     + _len(3, _memory("memory", 64 << 30, 0)) + _len(3, _memory("memory", 32 << 30, 1)))
 
 
+# What the wire stand-in answers, by method (a test may swap an answer).
+_WIRE_ANSWERS: dict[str, bytes] = {}
+
+
 @pytest.fixture
 def wire_kubelet() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
     """A stand-in kubelet that answers the kubelet's method paths with the raw bytes above."""
@@ -281,15 +290,15 @@ def wire_kubelet() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
     path = f"{d}/kubelet.sock"
     calls: list[tuple[str, bytes]] = []
 
-    def answer(method: str, payload: bytes) -> grpc.RpcMethodHandler[bytes, bytes]:
+    def answer(method: str) -> grpc.RpcMethodHandler[bytes, bytes]:
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             calls.append((method, request))
-            return payload
+            return _WIRE_ANSWERS[method]
         return grpc.unary_unary_rpc_method_handler(handle)  # no (de)serializers: bytes in, bytes out
 
+    _WIRE_ANSWERS.update(List=WIRE_LIST, GetAllocatableResources=WIRE_ALLOCATABLE)
     handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-        "List": answer("List", WIRE_LIST),
-        "GetAllocatableResources": answer("GetAllocatableResources", WIRE_ALLOCATABLE)})
+        "List": answer("List"), "GetAllocatableResources": answer("GetAllocatableResources")})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix://{path}")
@@ -332,3 +341,104 @@ def test_any_config_document_gives_facts_or_a_short_problem(doc: dict[str, Any])
     assert f.readable or (f.problem and len(f.problem) < 200)
     if f.readable:
         assert all(v >= 0 for per in f.reserved_memory.values() for v in per.values())
+
+
+# ---- answers that are garbage or huge ------------------------------------------------------------------
+def test_a_garbage_answer_is_one_short_error_and_nothing_in_the_log(wire_kubelet: tuple[str, list[tuple[str, bytes]]],
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """grpc logged a traceback ("Exception deserializing message!") for every poll of a kubelet answering
+    garbage; the answer is parsed here instead, into the same short reason every time."""
+    path, _ = wire_kubelet
+    for garbage in (b"\x0a\xff\xff\xff\xff\x0f garbage", b"\x0a\x05\x1a\x03\xff\xff\xff", b"\x07" * 100):
+        _WIRE_ANSWERS["List"] = garbage
+        reasons = set()
+        for _ in range(3):
+            with pytest.raises(PodResourcesError) as info:
+                read_pod_resources(path)
+            reasons.add(info.value.reason)
+        assert reasons == {f"List: not a PodResources answer ({len(garbage)} B)"}  # the same words each poll
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_an_answer_near_the_kubelets_limit_is_counted_in_place(tmp_path: Path) -> None:
+    """A 14 MB List of 264,000 containers, served by another process: the client's peak RSS grows by a
+    small multiple of the answer (the answer was parsed whole and turned into 264,000 grants: +300 MiB)."""
+    out = subprocess.run([sys.executable, "-c", HUGE_LIST, str(tmp_path)], capture_output=True, text=True,
+                         cwd=REPO, timeout=600, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    size, pods, grants, grown = map(int, out.stdout.split())
+    assert pods == 33_000 and grants == 8 and size > 13 << 20
+    assert grown <= 5 * size, f"peak RSS grew {grown >> 20} MiB for a {size >> 20} MiB answer"
+
+
+def test_too_many_device_ids_are_refused_and_the_rest_is_folded() -> None:
+    def container(ids: list[str], node: int, cpus: list[int], mem: int) -> bytes:
+        return (_len(2, _devices("nvidia.com/gpu", ids, node)) + _len(3, b"".join(_varint(c) for c in cpus))
+                + _len(4, _memory("memory", mem, node)))
+
+    pod = _len(1, _len(1, "p") + _len(3, container(["a", "b"], 0, [1, 2, 70000], 10))
+               + _len(3, container(["b", "c"], 0, [2], 5)) + _len(3, container(["z"], 1, [], 1)))
+    view = view_from_answers(pod + pod, b"")
+    assert view.pods == 2 and view.assigned_cpus == (1, 2)  # 70000 is no CPU
+    assert set(view.assigned_devices) == {DeviceGrant("nvidia.com/gpu", ("a", "b", "c"), (0,)),
+                                          DeviceGrant("nvidia.com/gpu", ("z",), (1,))}
+    assert set(view.assigned_memory) == {MemoryGrant("memory", 30, (0,)), MemoryGrant("memory", 2, (1,))}
+    many = _len(1, _len(3, _len(2, _devices("rdma/hca", [f"d{i}" for i in range(MAX_DEVICE_IDS + 1)], 0))))
+    with pytest.raises(PodResourcesError, match="too large: more than 65536 device ids"):
+        view_from_answers(many, b"")
+
+
+HUGE_LIST = textwrap.dedent('''
+    import os, resource, subprocess, sys, time
+    path = sys.argv[1] + "/k.sock"
+    server = subprocess.Popen([sys.executable, "-c", """
+    import sys
+    from concurrent import futures
+    import grpc
+    from memtopo.k8s.api.podresources.v1 import podresources_pb2 as pr, podresources_pb2_grpc as pr_grpc
+    answer = pr.ListPodResourcesResponse()
+    for p in range(33000):
+        pod = answer.pod_resources.add()
+        for k in range(8):
+            c = pod.containers.add()
+            d = c.devices.add(resource_name="nvidia.com/gpu", device_ids=[f"G{(p * 8 + k) % 50000}"])
+            d.topology.nodes.add(ID=k)
+            c.cpu_ids.append(k)
+            m = c.memory.add(memory_type="memory", size=1)
+            m.topology.nodes.add(ID=k)
+    print(answer.ByteSize(), flush=True)
+    class Kubelet(pr_grpc.PodResourcesListerServicer):
+        def List(self, request, context):
+            return answer
+        def GetAllocatableResources(self, request, context):
+            return pr.AllocatableResourcesResponse(cpu_ids=range(64))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
+                         options=[("grpc.max_send_message_length", 32 << 20)])
+    pr_grpc.add_PodResourcesListerServicer_to_server(Kubelet(), server)
+    server.add_insecure_port("unix://" + sys.argv[1])
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
+    """, path], stdout=subprocess.PIPE, text=True)
+    size = int(server.stdout.readline())
+    server.stdout.readline()
+    try:
+        from memtopo.k8s.podresources import read_pod_resources
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        view = read_pod_resources(path, timeout=300)
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+        print(size, view.pods, len(view.assigned_devices), grown)
+    finally:
+        server.terminate()
+        server.wait()
+''')
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.binary(max_size=200), st.binary(max_size=60))
+def test_any_bytes_are_a_view_or_a_short_error(listed: bytes, allocatable: bytes) -> None:
+    try:
+        view = view_from_answers(listed, allocatable)
+    except PodResourcesError as exc:
+        assert len(exc.reason) < 200 and exc.reason.isprintable()
+    else:
+        assert view.pods >= 0 and all(0 <= c < 1 << 16 for c in view.assigned_cpus)

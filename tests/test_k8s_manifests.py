@@ -17,7 +17,8 @@ import yaml
 
 from memtopo.agent.config import parse_config
 from memtopo.agent.health import parse_listen
-from memtopo.agent.k8s_publisher import GROUP, PLURAL
+from memtopo.k8s.kubeapi import NRT_GROUP as GROUP
+from memtopo.k8s.kubeapi import NRT_RESOURCE as PLURAL
 
 BASE = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 K8S_VERSION = "1.37.0"

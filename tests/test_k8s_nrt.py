@@ -5,6 +5,8 @@ accelerators by NUMA node); kubelet reservations and PodResources answers move a
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from functools import cache
@@ -357,3 +359,20 @@ def test_cli_refuses_a_bad_node_name(capsys: pytest.CaptureFixture[str]) -> None
     root = str(SYNTH / "gh200" / "root.tar.gz")
     assert main(["k8s", "nrt", "--root", root, "--node-name", "Not A Name"]) == 2
     assert "not a Kubernetes node name" in capsys.readouterr().err
+
+
+def test_an_unprintable_host_name_is_reported_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(extracted(SYNTH / "gh200" / "root.tar.gz"), root, symlinks=True)
+    (root / "proc/sys/kernel/hostname").write_bytes(b"gh\x1b[2J200\n")
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/hostname").write_text("")
+    env_name = os.environ.pop("NODE_NAME", None)
+    try:
+        assert main(["k8s", "nrt", "--root", str(root)]) == 2
+    finally:
+        if env_name is not None:
+            os.environ["NODE_NAME"] = env_name
+    err = capsys.readouterr().err
+    assert "no node name (no host name: proc/sys/kernel/hostname: not printable: 'gh\\x1b[2J200'" in err
+    assert "\x1b" not in err and "'' is not" not in err

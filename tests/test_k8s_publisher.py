@@ -1,6 +1,6 @@
 """The NodeResourceTopology publisher against a STAND-IN API server (tests/k8s_standin.py: real HTTP,
 server-side apply semantics for this one resource; not a Kubernetes API server, none can run here).
-The publisher talks to it through its real client library (kubernetes_asyncio)."""
+The publisher talks to it through its real client (memtopo.k8s.kubeapi)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
+import structlog
 from prometheus_client import CollectorRegistry
 
 from memtopo.agent.config import load_config
 from memtopo.agent.daemon import EXIT_OK, Agent
-from memtopo.agent.k8s_publisher import APPLY_CONTENT_TYPE, FIELD_MANAGER, KubernetesApi, Publisher, PublisherSettings
+from memtopo.agent.k8s_publisher import FIELD_MANAGER, Publisher, PublisherSettings
 from memtopo.agent.sdnotify import Notifier
 from memtopo.agent.state import TopologyState
 from memtopo.k8s.facts import DeviceGrant, KubeletFacts, PodResourcesView
+from memtopo.k8s.kubeapi import APPLY_PATCH as APPLY_CONTENT_TYPE
+from memtopo.k8s.kubeapi import KubeApi
 from memtopo.k8s.nrt import zone_nodes
 from memtopo.k8s.podresources import PodResourcesError
 from memtopo.v1 import topology_pb2 as pb
@@ -29,11 +31,6 @@ from tests.k8s_standin import StandInApiServer
 NODE = "gpu-node-1"
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The client honours proxy variables (trust_env), as in a cluster; the stand-in is on loopback."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
 WAIT = 30.0  # generous: event waits, never a speed assertion
 
 
@@ -65,13 +62,14 @@ def available(obj: dict[str, Any], zone: str, resource: str) -> str:
 class Harness:
     def __init__(self, server: StandInApiServer, *, host: str | None = None,
                  read_pods: Callable[[], PodResourcesView] = no_pods,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, **settings: Any) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, timeout_s: float = 10.0,
+                 **settings: Any) -> None:
         self.server = server
         self.state = TopologyState()
         self.registry = CollectorRegistry()
         settings.setdefault("pod_resources_seconds", 3600.0)
         self.publisher = Publisher(PublisherSettings(node_name=NODE, **settings), self.state,
-                                   KubernetesApi(host or server.url), read_kubelet=KubeletFacts,
+                                   KubeApi(host or server.url, timeout_s=timeout_s), read_kubelet=KubeletFacts,
                                    read_pods=read_pods, registry=self.registry, sleep=sleep)
         self.task: asyncio.Task[None] | None = None
 
@@ -288,7 +286,7 @@ def test_a_field_owned_by_another_manager_is_a_conflict_unless_forced() -> None:
         h2.start()
         obj = await forced.wait_stored(lambda o: len(o["zones"]) == 2, WAIT)
         assert [m["manager"] for m in obj["metadata"]["managedFields"]] == [FIELD_MANAGER]
-        assert [r.query.get("force") for r in forced.requests if r.method == "PATCH"] == ["True"]
+        assert [r.query.get("force") for r in forced.requests if r.method == "PATCH"] == ["true"]
         await h2.stop()
     run(main)
 
@@ -342,4 +340,88 @@ def test_the_agent_publishes_when_kubernetes_is_enabled(tmp_path: Path) -> None:
         agent.request_stop()
         assert await asyncio.wait_for(run_task, WAIT) == EXIT_OK
         await server.stop()
+    run(main)
+
+
+def test_an_api_server_answering_garbage_or_nothing_is_reported_and_retried_never_fatal() -> None:
+    """200 with 2,000 bytes that are not UTF-8 once ended the publisher with UnicodeDecodeError (and the
+    agent with it) and put the whole body in the log; a silent server was 'behind … (TimeoutError)'."""
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        server.inject("garbage", body=b"\xff\xfe" + bytes(range(256)) * 8, path="/api/v1/nodes/")
+        server.inject("hang", path="/apis/topology.node.k8s.io/")
+        messages: list[str] = []
+        h: Harness
+
+        async def sleep(seconds: float) -> None:
+            messages.append(h.publisher.status()[1])
+            await asyncio.sleep(0)
+
+        with structlog.testing.capture_logs() as logs:
+            h = Harness(server, sleep=sleep, timeout_s=1.0)
+            h.state.publish(topology("f1"))
+            h.start()
+            await server.wait_stored(lambda o: True, WAIT)
+        assert f"read Node {NODE}: the answer is not UTF-8 (at byte 0: b'\\xff\\xfe" in messages[0]
+        assert messages[1] == f"behind: generation 1 not applied (apply NRT {NODE}: no answer within 1 s)"
+        failed = [e for e in logs if e["event"] == "nrt_apply_failed"]
+        assert [e["outcome"] for e in failed] == ["rejected", "unreachable"]
+        assert all(len(e["error"]) < 200 for e in failed)
+        await eventually(lambda: h.metric("memtopo_k8s_nrt_applies_total", outcome="ok") == 1)
+        await h.stop()
+    run(main)
+
+
+def test_the_agent_keeps_serving_while_its_api_server_answers_garbage(tmp_path: Path) -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node("lab-node")
+        await server.start()
+        server.inject("garbage", body=b"\x81" * 2000, path="/api/v1/nodes/", times=10**6)
+        config = tmp_path / "agent.toml"
+        config.write_text(
+            f'node_name = "lab-node"\nroot = "{lab_root("dual-socket-cxl")}"\nstate_dir = "{tmp_path / "state"}"\n'
+            f'[listen]\nsocket = "{tmp_path / "agent.sock"}"\n'
+            '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n'
+            f'[kubernetes]\nenabled = true\napi_server = "{server.url}"\npod_resources_socket = ""\n'
+            'backoff_initial_seconds = 0.05\nbackoff_max_seconds = 0.1\n')
+        agent = Agent(load_config(config), notifier=Notifier(None))
+        run_task = asyncio.create_task(agent.run())
+        await eventually(lambda: len([r for r in server.requests if r.path.startswith("/api/v1/nodes/")]) >= 3)
+        ready, checks = agent.ready()
+        assert not ready and "the answer is not UTF-8" in checks["kubernetes"] and len(checks["kubernetes"]) < 300
+        assert not run_task.done() and agent.state.current is not None  # still serving
+        assert not [k for k in checks if k.startswith("task_")]  # the publisher never failed: it retries
+        server.faults.clear()  # the API server is fixed
+        await eventually(lambda: agent.ready()[1]["kubernetes"] == "applied generation 1")
+        agent.request_stop()
+        assert await asyncio.wait_for(run_task, WAIT) == EXIT_OK
+        await server.stop()
+    run(main)
+
+
+def test_a_kubelet_answering_garbage_is_one_warning_per_distinct_cause() -> None:
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        answers = ["List: not a PodResources answer (7 B)"] * 5 + ["List: too large: the answer is over 16.0 MiB"] * 5
+        polls: list[str] = []
+
+        def read() -> PodResourcesView:
+            polls.append("poll")
+            if len(polls) <= len(answers):
+                raise PodResourcesError(answers[len(polls) - 1])
+            return PodResourcesView(pods=0)
+
+        with structlog.testing.capture_logs() as logs:
+            h = Harness(server, read_pods=read, pod_resources_seconds=0.01)
+            h.state.publish(topology("f1"))
+            h.start()
+            await eventually(lambda: len(polls) > len(answers) + 1)
+            await h.stop()
+        states = [(e["log_level"], e.get("reason")) for e in logs if e["event"] == "pod_resources_state"]
+        assert states == [("warning", answers[0]), ("warning", answers[5]), ("info", None)]
     run(main)
