@@ -26,6 +26,7 @@ from tests.containerd import Containerd, Kubelet, cgroup_cpuset
 from tests.enforce_standins import host_node, resources
 from tests.k8s_standin import StandInApiServer
 from tests.test_agent_e2e import Agent, wait_for
+from tests.test_k8s_manifests import ENFORCEMENT_VERBS, ENFORCING, PUBLISHER_VERBS, granted
 
 NODE = "e2e-enforce-node"
 HOST_CPUS = sorted(host_node().allocatable)
@@ -116,6 +117,19 @@ def start_agent(tmp: Path, cluster: Cluster, containerd: Containerd) -> Agent:
     return agent
 
 
+def verb(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str]:
+    """The RBAC (API group, resource, verb) a request to the stand-in needs."""
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if rest[:1] == ["namespaces"]:
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1
+    if method == "GET":
+        return group, resource, "get" if named else "watch" if query.get("watch") == "true" else "list"
+    return group, resource, {"PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}[method]
+
+
 def readyz(agent: Agent) -> dict[str, str]:
     checks: dict[str, str] = json.loads(agent.http("/readyz")[1])["checks"]
     return checks
@@ -184,6 +198,9 @@ def test_a_pod_bound_here_is_pinned_reported_survives_a_restart_and_is_released(
         wait_for(lambda: cluster.nrt()[1].get("memtopo.io/cpu-enforcement") == "memtopo: 0 pods, 0 exclusive CPUs",
                  WAIT, "the NRT offering it again")
         assert [e["pod_uid"] for e in agent.events("enforce_released")] == [uid]
+        # Every call the agent made is one the enforce component's RBAC grants, and it needs them all.
+        used = cluster.call(lambda: {verb(r.method, r.path, r.query) for r in cluster.server.requests})
+        assert used - PUBLISHER_VERBS == ENFORCEMENT_VERBS and used <= granted(ENFORCING)
     finally:
         code = agent.stop() if agent.proc is not None and agent.proc.poll() is None else 0
         cluster.close()
