@@ -30,6 +30,7 @@ label-selector sets, or consistency between a list's snapshot and concurrent wri
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import json
@@ -263,6 +264,21 @@ class StandInApiServer:
         self._thread.start()
         assert ready.wait(30), "the stand-in did not start"
         return self.url
+
+    def call[R](self, fn: Callable[[], R], timeout: float = 60.0) -> R:
+        """``fn()`` run on the loop of a server started with :meth:`start_in_thread` (its state belongs
+        to that thread: a pod put from another thread could change a dict a watch is reading)."""
+        loop = self._loop
+        assert loop is not None
+        done: concurrent.futures.Future[R] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except Exception as exc:
+                done.set_exception(exc)
+        loop.call_soon_threadsafe(run)
+        return done.result(timeout)
 
     def close(self) -> None:
         """Stop a server started with :meth:`start_in_thread`."""

@@ -14,7 +14,6 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +46,7 @@ class Cluster:
         self.url = self.server.start_in_thread()
 
     def call[R](self, fn: Callable[[], R]) -> R:
-        loop = self.server._loop
-        assert loop is not None
-        done: Future[R] = Future()
-
-        def run() -> None:
-            try:
-                done.set_result(fn())
-            except Exception as exc:
-                done.set_exception(exc)
-        loop.call_soon_threadsafe(run)
-        return done.result(WAIT)
+        return self.server.call(fn, WAIT)
 
     def bind(self, name: str, containers: dict[str, dict[str, Any]],
              annotations: dict[str, str] | None = None) -> str:
