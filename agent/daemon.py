@@ -109,7 +109,7 @@ class Agent:
         self.pod_source, self.pod_reporter = pod_source, pod_reporter
         self.pod_informer: InformerPods | None = None
         self.enforcer: Enforcer | None = None
-        self._enforce_problem = "no pod source: nothing is enforced"
+        self._enforce_problem = "not started"
         self.sidecar = sidecar
         self.notifier = notifier or Notifier.from_environment()
         self.state = TopologyState()
