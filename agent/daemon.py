@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from memtopo.hostfs import HostFS
 
     from .enforce import Enforcer, PodReporter, PodSource
+    from .k8s_pods import InformerPods
 
 log = get_logger(component="agent")
 
@@ -103,9 +104,12 @@ class Agent:
                  sidecar: Sidecar | None = None, pod_source: PodSource | None = None,
                  pod_reporter: PodReporter | None = None) -> None:
         self.config = config
-        # The API side of kubernetes.enforce (agent/enforce.py's seams), given by whoever builds the agent.
+        # The API side of kubernetes.enforce (agent/enforce.py's seams): given by whoever builds the
+        # agent (tests, benches), else the API server's (agent/k8s_pods.py), made when it starts.
         self.pod_source, self.pod_reporter = pod_source, pod_reporter
+        self.pod_informer: InformerPods | None = None
         self.enforcer: Enforcer | None = None
+        self._enforce_problem = "not started"
         self.sidecar = sidecar
         self.notifier = notifier or Notifier.from_environment()
         self.state = TopologyState()
@@ -153,7 +157,9 @@ class Agent:
         # A NodeResourceTopology behind the topology makes the pod unready (the agent keeps serving).
         k8s_ok, checks["kubernetes"] = self.k8s_publisher.status() if self.k8s_publisher else (True, "not configured")
         if self.config.kubernetes.enforce:
-            checks["enforce"] = self.enforcer.status()[1] if self.enforcer else "no pod source: nothing is enforced"
+            checks["enforce"] = self.enforcer.status()[1] if self.enforcer else self._enforce_problem
+            if self.pod_informer is not None:
+                checks["enforce_pods"] = self.pod_informer.status()
         tasks_ok = True
         for name, (ok, text) in self.tasks.checks().items():
             checks[name] = text
@@ -532,7 +538,7 @@ class Agent:
 
             started.append(stop_servers)
             self._ready.listening = True
-            for name in ("rescan_loop", "controller_link", "kubernetes_publisher", "cpu_enforcement"):
+            for name in ("rescan_loop", "controller_link", "kubernetes_publisher", "pod_informer", "cpu_enforcement"):
                 self.metrics.task_restarts.labels(name)
             self.tasks.start("rescan_loop", lambda: self._rescan_loop(ctx))
             link = self.link = self._start_link(plans)
@@ -547,6 +553,10 @@ class Agent:
             if self.config.kubernetes.enforce:
                 enforcer = self.enforcer = self._start_enforcer(ctx.fs)
                 if enforcer is not None:
+                    if self.k8s_publisher is not None:
+                        # The object's available CPUs follow what the enforcement pins.
+                        self.k8s_publisher.follow_enforcement(enforcer.exclusive)
+                        enforcer.on_exclusive_change = self.k8s_publisher.poke
                     self.tasks.start("cpu_enforcement", enforcer.run)
             # Serving: from here a stop is the graceful one below.
             started.clear()
@@ -562,9 +572,25 @@ class Agent:
         return EXIT_OK
 
     def _start_enforcer(self, fs: HostFS) -> Enforcer | None:
+        if self.pod_source is None and self.pod_reporter is None:
+            from memtopo.k8s.kubeapi import KubeApiError
+            from memtopo.k8s.names import InvalidNameError
+
+            from .k8s_pods import pod_api_for
+
+            try:
+                informer, reporter = pod_api_for(self.config.kubernetes, self.config.node_name)
+            except (KubeApiError, InvalidNameError) as exc:
+                self._enforce_problem = f"no pod source: {exc}; nothing is enforced"
+                log.error("enforce_without_pod_source", key="kubernetes.enforce", error=str(exc),
+                          message="the pods bound to this node cannot be read; nothing is enforced")
+                return None
+            self.pod_source, self.pod_reporter, self.pod_informer = informer, reporter, informer
+            self.tasks.start("pod_informer", informer.run)
         if self.pod_source is None or self.pod_reporter is None:
             log.error("enforce_without_pod_source", key="kubernetes.enforce",
-                      message="no pod source from the API server is wired into this agent; nothing is enforced")
+                      message="a pod source was given without a reporter, or a reporter without a pod source; "
+                              "nothing is enforced")
             return None
         from memtopo.agent.enforce import enforcer_for
 

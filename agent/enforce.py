@@ -39,7 +39,7 @@ from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
 from memtopo.hostfs import HostFS, HostReadError
 from memtopo.k8s import cri
 from memtopo.k8s import enforcement as ef
-from memtopo.k8s.facts import KubeletFacts
+from memtopo.k8s.facts import EnforcedCpus, KubeletFacts
 from memtopo.mounts import Mount, cgroup_mounts, parse_proc_cgroup
 from memtopo.text import shorten
 from memtopo.v1 import topology_pb2 as pb
@@ -89,23 +89,24 @@ class CgroupCpusets:
     def __init__(self, fs: HostFS) -> None:
         self.fs = fs
         mounts, _problems = cgroup_mounts(fs)
-        self.v1: Mount | None = next((m for m in mounts if m.fstype == "cpuset"
-                                      or (m.fstype == "cgroup" and "cpuset" in m.options)), None)
-        self.v2: Mount | None = next((m for m in mounts if m.fstype == "cgroup2"), None)
+        # Only the last mount at a mount point can be read through it: in a pod given the host's /sys,
+        # the host's cgroup mounts hide the ones the runtime made of the pod's own cgroup.
+        visible = list({m.mount_point: m for m in mounts}.values())
+        self.v1 = [m for m in visible if m.fstype == "cpuset" or (m.fstype == "cgroup" and "cpuset" in m.options)]
+        self.v2 = [m for m in visible if m.fstype == "cgroup2"]
 
     def _files(self, pid: int) -> tuple[str, str] | None:
         try:
             cg = parse_proc_cgroup(self.fs.read_text(f"proc/{pid}/cgroup"))
         except HostReadError:
             return None
-        for mount, path, names in (
+        for mounts, path, names in (
                 (self.v1, cg.v1_cpuset, ("cpuset.effective_cpus", "cpuset.effective_mems")),
                 (self.v2, cg.v2, ("cpuset.cpus.effective", "cpuset.mems.effective"))):
+            mount = _mount_of(mounts, path) if path is not None else None
             if mount is None or path is None:
                 continue
             root = mount.root.rstrip("/")
-            if root and path != root and not path.startswith(root + "/"):
-                continue
             rel = f"{mount.mount_point.strip('/')}/{path[len(root):].strip('/')}".rstrip("/")
             if mount.fstype == "cpuset" or "noprefix" in mount.options:
                 names = ("effective_cpus", "effective_mems")
@@ -123,6 +124,18 @@ class CgroupCpusets:
             except (HostReadError, CpuListError):
                 out.append(None)
         return ef.Observed(out[0], out[1])
+
+
+def _mount_of(mounts: Sequence[Mount], path: str) -> Mount | None:
+    """The mount a cgroup ``path`` can be read under: of those whose root holds it, the deepest."""
+    best: Mount | None = None
+    for mount in mounts:
+        root = mount.root.rstrip("/")
+        if root and path != root and not path.startswith(root + "/"):
+            continue
+        if best is None or len(root) > len(best.root.rstrip("/")):
+            best = mount
+    return best
 
 
 # ---- the loop --------------------------------------------------------------------------------------
@@ -158,6 +171,9 @@ class Enforcer:
         self._said: set[str] = set()  # one-time log lines already written
         self._wake = asyncio.Event()
         self._lock = threading.Lock()
+        self._exclusive = EnforcedCpus(False, note="not started")
+        # Called on the loop when what :meth:`exclusive` says changes (the NRT publisher applies again).
+        self.on_exclusive_change: Callable[[], None] | None = None
 
     # ---- what /readyz shows (never makes the agent unready: enforcement is best effort per pod) ----
     def status(self) -> tuple[bool, str]:
@@ -166,6 +182,26 @@ class Enforcer:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def exclusive(self) -> EnforcedCpus:
+        """The exclusive CPUs memtopo holds for pods now (the NodeResourceTopology's ``available``
+        counts them: the kubelet's PodResources does not know them); not ``known`` before the first
+        pass that decided."""
+        return self._exclusive
+
+    def _track_exclusive(self, result: PassResult) -> None:
+        if result.state == "active":
+            value = EnforcedCpus(True, frozenset(c for a in self.held.values() for c in a.cpus), len(self.held))
+        elif result.state == "kubelet":
+            value = EnforcedCpus(True, note="kubelet: its static CPU manager owns container cpusets")
+        elif self.adopted:
+            return  # still holds what the last pass decided: nothing was released since
+        else:
+            value = EnforcedCpus(False, note=f"{result.state}: {result.message}" if result.message else result.state)
+        if value != self._exclusive:
+            self._exclusive = value
+            if self.on_exclusive_change is not None:
+                self.on_exclusive_change()
 
     def close(self) -> None:
         if self._client is not None:
@@ -248,6 +284,7 @@ class Enforcer:
         self.metrics.pass_duration.observe(time.perf_counter() - started)
         self.metrics.set_state(result.state)
         self.last = result
+        self._track_exclusive(result)
         if result.state == "active":
             counts = {s: 0 for s in ef.STATES}
             for o in result.outcomes.values():

@@ -29,7 +29,7 @@ from memtopo.agent.config import KubernetesConfig
 from memtopo.agent.state import TopologyState
 from memtopo.backoff import Backoff
 from memtopo.hostfs import HostFS
-from memtopo.k8s.facts import KubeletFacts, PodResourcesView
+from memtopo.k8s.facts import EnforcedCpus, KubeletFacts, PodResourcesView
 from memtopo.k8s.kubeapi import KubeApi, KubeApiError, metadata
 from memtopo.k8s.names import InvalidNameError
 from memtopo.k8s.nrt import NrtError, build_nrt
@@ -104,6 +104,8 @@ class Publisher:
         self._status = _Status()
         self._owner_uid = ""
         self._stop = asyncio.Event()
+        self._poked = asyncio.Event()
+        self._read_enforced: Callable[[], EnforcedCpus | None] = lambda: None
         self._backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
         reg = registry or CollectorRegistry()
         self._m_generation = Gauge("memtopo_k8s_nrt_published_generation",
@@ -131,6 +133,16 @@ class Publisher:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def follow_enforcement(self, read: Callable[[], EnforcedCpus | None]) -> None:
+        """Count the exclusive CPUs memtopo's own enforcement holds (``read()`` at every build): where
+        memtopo is the CPU manager the kubelet's PodResources does not know them. Call :meth:`poke`
+        when they change."""
+        self._read_enforced = read
+
+    def poke(self) -> None:
+        """Build and apply again now (what the object counts changed outside the topology)."""
+        self._poked.set()
 
     @staticmethod
     def _now() -> float:
@@ -165,7 +177,7 @@ class Publisher:
         owner = {"name": self.settings.node_name, "uid": self._owner_uid} if self._owner_uid else None
         try:
             return build_nrt(topo, self.settings.node_name, kubelet=kubelet, pods=pods, pods_problem=problem,
-                             owner=owner)
+                             owner=owner, enforced=self._read_enforced())
         except NrtError as exc:  # a node name no API server accepts: retried, but only a fix helps
             raise ApplyError("rejected", str(exc)) from None
 
@@ -226,12 +238,14 @@ class Publisher:
     async def _wait_for_change(self, generation: int) -> None:
         change = asyncio.ensure_future(self.state.wait_change(generation, self.settings.pod_resources_seconds))
         stop = asyncio.ensure_future(self._stop.wait())
+        poked = asyncio.ensure_future(self._poked.wait())
         try:
-            await asyncio.wait({change, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({change, stop, poked}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (change, stop):
+            for task in (change, stop, poked):
                 task.cancel()
-            await asyncio.gather(change, stop, return_exceptions=True)
+            await asyncio.gather(change, stop, poked, return_exceptions=True)
+        self._poked.clear()
 
     async def _apply(self, obj: dict[str, Any], generation: int) -> None:
         await self.api.apply_nrt(obj, field_manager=FIELD_MANAGER, force=self.settings.force_conflicts)

@@ -75,3 +75,21 @@ class PodResourcesView:
     assigned_devices: tuple[DeviceGrant, ...] = ()
     assigned_memory: tuple[MemoryGrant, ...] = ()
     pods: int = 0
+    # The pods fingerprint of every pod ``List`` named (k8s/podfingerprint.py; "" when not computed).
+    pods_fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class EnforcedCpus:
+    """The exclusive CPUs memtopo's own enforcement (agent/enforce.py) holds for pods, on a node where
+    it is the CPU manager (the kubelet's ``cpuManagerPolicy`` is ``none``): the kubelet's PodResources
+    does not know them, so the NRT's ``available`` would otherwise count them as free.
+
+    ``known`` is False until the enforcement has decided once since it started (until then what is
+    pinned is not known; ``note`` says why). ``note`` also says who owns cpusets when it is not memtopo
+    (the kubelet's static policy: then ``cpus`` is empty and PodResources has the kubelet's own)."""
+
+    known: bool
+    cpus: frozenset[int] = frozenset()
+    pods: int = 0
+    note: str = ""

@@ -322,11 +322,16 @@ class KubeApi:
         path = core("pods", names.pod_name(name), namespace=namespace)
         return await self.get(path, action=f"read pod {namespace}/{name}")
 
-    async def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> dict[str, Any]:
-        """Set (or, with None, remove) annotations of a pod: a JSON merge patch of its metadata."""
+    async def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None], *,
+                           uid: str = "") -> dict[str, Any]:
+        """Set (or, with None, remove) annotations of a pod: a JSON merge patch of its metadata. With
+        ``uid``, only while the pod under that name is still that pod: the patch carries the uid, which
+        the API server refuses to change (422), as the kubelet guards its status patches."""
         path = core("pods", names.pod_name(name), namespace=namespace)
-        return await self.merge_patch(path, {"metadata": {"annotations": dict(annotations)}},
-                                      action=f"annotate pod {namespace}/{name}")
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if uid:
+            meta["uid"] = uid
+        return await self.merge_patch(path, {"metadata": meta}, action=f"annotate pod {namespace}/{name}")
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Create the pod's ``Binding`` to ``node`` (what kube-scheduler's bind does); with ``uid``, only

@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from memtopo.k8s import names
-from memtopo.k8s.facts import DeviceGrant, KubeletFacts, MemoryGrant, PodResourcesView
+from memtopo.k8s import names, podfingerprint
+from memtopo.k8s.facts import DeviceGrant, EnforcedCpus, KubeletFacts, MemoryGrant, PodResourcesView
 from memtopo.k8s.quantity import format_bytes
 from memtopo.k8s.resources import accelerator_resource, device_plugin_id
 from memtopo.v1 import topology_pb2 as pb
@@ -80,12 +80,29 @@ def _grant_nodes(grant: DeviceGrant, dev_id: str, index: Mapping[str, int]) -> t
 def _devices_by_node(grants: Iterable[DeviceGrant], index: Mapping[str, int]) -> dict[int, dict[str, set[str]]]:
     """NUMA node → resource → device ids. A device spanning several nodes counts on the first (the
     kubelet lists a device's nodes in order; one device is one unit, never split)."""
-    out: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    return _place(grants, index)[0]
+
+
+def _place(grants: Iterable[DeviceGrant], index: Mapping[str, int]) -> tuple[
+        dict[int, dict[str, set[str]]], dict[str, set[str]]]:
+    """:func:`_devices_by_node`, and resource → the device ids with no NUMA node at all (neither in the
+    answer nor an accelerator memtopo knows)."""
+    by_node: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    unplaced: dict[str, set[str]] = defaultdict(set)
     for grant in grants:
         for dev_id in grant.ids:
             nodes = _grant_nodes(grant, dev_id, index)
             if nodes:
-                out[min(nodes)][grant.resource].add(dev_id)
+                by_node[min(nodes)][grant.resource].add(dev_id)
+            else:
+                unplaced[grant.resource].add(dev_id)
+    return by_node, unplaced
+
+
+def _ids(grants: Iterable[DeviceGrant]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for grant in grants:
+        out[grant.resource].update(grant.ids)
     return out
 
 
@@ -109,33 +126,61 @@ def device_capacity(topo: pb.MemoryTopology) -> dict[int, dict[str, int]]:
 
 def device_counts(topo: pb.MemoryTopology,
                   pods: PodResourcesView | None) -> dict[int, dict[str, tuple[int, int, int]]]:
-    """NUMA node → device resource → (capacity, allocatable, available). Capacity is the accelerators
-    there; allocatable the kubelet's allocatable devices there when it reports that resource (a device
-    plugin that is not registered hands out nothing), else capacity; available is allocatable less the
-    allocatable devices running containers hold."""
+    """NUMA node → device resource → (capacity, allocatable, available), for the accelerators memtopo
+    discovered and for every device-plugin resource the kubelet reports (NICs, SR-IOV VFs, RDMA
+    devices, anything a plugin registers) whose devices have a NUMA node.
+
+    An accelerator's capacity is the accelerators there; a resource only the kubelet reports has as
+    much capacity as it reports allocatable, as NFD counts it. Allocatable is the kubelet's allocatable
+    devices there when it reports that resource (a device plugin that is not registered hands out
+    nothing), else capacity; available is allocatable less the allocatable devices running containers
+    hold."""
     capacity = device_capacity(topo)
     index = _device_index(topo)
     allocatable = _devices_by_node(pods.allocatable_devices, index) if pods else {}
     assigned = _devices_by_node(pods.assigned_devices, index) if pods else {}
+    held_ids = _ids(pods.assigned_devices) if pods else {}
     reported = {g.resource for g in pods.allocatable_devices} if pods else set()
     out: dict[int, dict[str, tuple[int, int, int]]] = {}
-    for node in sorted(capacity):
+    for node in sorted(set(capacity) | set(allocatable)):
         counts: dict[str, tuple[int, int, int]] = {}
-        for res, cap in sorted(capacity[node].items()):
-            held = assigned.get(node, {}).get(res, set())
+        found = capacity.get(node, {})
+        for res in sorted(set(found) | set(allocatable.get(node, {}))):
             if res in reported:
+                # Held devices by id: the kubelet's List may name a device's NUMA node where its
+                # allocatable answer does not, and the other way round.
                 ids = allocatable.get(node, {}).get(res, set())
-                alloc, held = min(len(ids), cap), held & ids
+                cap = found.get(res, len(ids))
+                alloc, held = min(len(ids), cap), held_ids.get(res, set()) & ids
             else:
-                alloc = cap
+                cap = alloc = found[res]
+                held = assigned.get(node, {}).get(res, set())
             counts[res] = (cap, alloc, max(alloc - len(held), 0))
         out[node] = counts
     return out
 
 
+def node_level_devices(topo: pb.MemoryTopology, pods: PodResourcesView | None,
+                       zone_ids: Iterable[int] = ()) -> dict[str, tuple[int, int]]:
+    """Device resource → (allocatable, available) of the kubelet's devices that belong to no zone: no
+    NUMA node in its answer nor an accelerator memtopo knows, or a NUMA node that is not a zone. As
+    NFD does, they are in no zone's resources: a topology-aware scheduler then checks them against the
+    node's allocatable alone."""
+    if pods is None:
+        return {}
+    zones = set(zone_ids)
+    by_node, unplaced = _place(pods.allocatable_devices, _device_index(topo))
+    for node, resources in by_node.items():
+        if node not in zones:
+            for res, ids in resources.items():
+                unplaced[res] |= ids
+    held = _ids(pods.assigned_devices)
+    return {res: (len(ids), len(ids - held.get(res, set()))) for res, ids in sorted(unplaced.items())}
+
+
 def available_devices(topo: pb.MemoryTopology, pods: PodResourcesView | None) -> dict[str, dict[str, int]]:
     """Zone → device resource → devices still free for new pods (see :func:`device_counts`); without
-    PodResources, every accelerator there. Zones with no accelerators are absent. For an object read
+    PodResources, every accelerator there. Zones with no devices are absent. For an object read
     back from the API server, use :func:`available_from_nrt`."""
     return {zone_name(node): {res: c[2] for res, c in counts.items()}
             for node, counts in device_counts(topo, pods).items()}
@@ -193,7 +238,8 @@ def _resource(name: str, capacity: int, allocatable: int, available: int, *, cou
 
 
 def _zone_resources(node: pb.NumaNode, kubelet: KubeletFacts, pods: PodResourcesView | None,
-                    devices: Mapping[str, tuple[int, int, int]]) -> list[dict[str, str]]:
+                    devices: Mapping[str, tuple[int, int, int]],
+                    enforced: EnforcedCpus | None = None) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     cpus = set(node.cpus)
     if cpus:
@@ -201,8 +247,12 @@ def _zone_resources(node: pb.NumaNode, kubelet: KubeletFacts, pods: PodResources
             alloc = len(cpus & set(pods.allocatable_cpus))
         else:
             alloc = len(cpus - set(kubelet.reserved_cpus))
-        held = len(cpus & set(pods.assigned_cpus)) if pods is not None else 0
-        out.append(_resource("cpu", len(cpus), alloc, alloc - held, count=True))
+        exclusive = set(pods.assigned_cpus) if pods is not None else set()
+        if enforced is not None:
+            # What memtopo's enforcement pinned is held as surely as what the kubelet pinned; while it
+            # is not known yet, no CPU is offered as free rather than one that may be taken.
+            exclusive |= enforced.cpus if enforced.known else cpus
+        out.append(_resource("cpu", len(cpus), alloc, alloc - len(cpus & exclusive), count=True))
     huge = dict(kubelet.hugepages.get(node.id, {}))
     reserved = kubelet.reserved_memory.get(node.id, {})
     pods_alloc = _memory_by_node(pods.allocatable_memory).get(node.id, {}) if pods is not None else {}
@@ -281,7 +331,8 @@ def _costs(node: pb.NumaNode, zone_ids: set[int]) -> list[dict[str, Any]]:
 
 
 def _top_attributes(topo: pb.MemoryTopology, kubelet: KubeletFacts, pods: PodResourcesView | None,
-                    pods_problem: str) -> list[dict[str, str]]:
+                    pods_problem: str, enforced: EnforcedCpus | None = None,
+                    node_level: Mapping[str, tuple[int, int]] | None = None) -> list[dict[str, str]]:
     attrs: list[dict[str, str]] = []
     if kubelet.readable:
         # The kubelet's own defaults when its file leaves them out; NFD's attribute names, which the
@@ -296,21 +347,40 @@ def _top_attributes(topo: pb.MemoryTopology, kubelet: KubeletFacts, pods: PodRes
         attrs.append(_attr(ATTR + "kubelet-config", f"unreadable: {kubelet.problem or 'not found'}"))
     if pods is not None:
         attrs.append(_attr(ATTR + "pod-resources", f"kubelet: {pods.pods} pods"))
+        if pods.pods_fingerprint:
+            # NFD's attributes: the pods the object counts (every pod PodResources List names), so a
+            # scheduler can tell whether the object already counts the pods it bound here.
+            attrs.append(_attr(podfingerprint.ATTRIBUTE, pods.pods_fingerprint))
+            attrs.append(_attr(podfingerprint.METHOD_ATTRIBUTE, podfingerprint.METHOD_ALL))
     else:
         attrs.append(_attr(ATTR + "pod-resources",
                            f"unavailable ({pods_problem or 'not read'}): available = allocatable"))
+    if node_level:
+        attrs.append(_attr(ATTR + "node-level-resources",
+                           ",".join(f"{res}={avail}/{alloc}" for res, (alloc, avail) in sorted(node_level.items()))))
+    if enforced is not None:
+        attrs.append(_attr(ATTR + "cpu-enforcement", _enforcement_words(enforced)))
     attrs.append(_attr(ATTR + "fingerprint", topo.fingerprint))
     attrs.append(_attr(ATTR + "generation", topo.generation))
     return attrs
 
 
+def _enforcement_words(enforced: EnforcedCpus) -> str:
+    if not enforced.known:
+        return f"not known yet ({enforced.note or 'no pass yet'}): cpu available = 0"
+    if enforced.note:
+        return enforced.note
+    return f"memtopo: {enforced.pods} pods, {len(enforced.cpus)} exclusive CPUs"
+
+
 def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet: KubeletFacts | None = None,
               pods: PodResourcesView | None = None, pods_problem: str = "",
-              owner: Mapping[str, str] | None = None) -> dict[str, Any]:
+              owner: Mapping[str, str] | None = None, enforced: EnforcedCpus | None = None) -> dict[str, Any]:
     """The NodeResourceTopology object for ``topo`` (``node_name`` defaults to the topology's).
 
     ``owner``: the Node's ``uid`` (and ``name``) for an owner reference, so the object is garbage-
-    collected with its node. Raises :class:`NrtError` for a name Kubernetes would refuse."""
+    collected with its node. ``enforced``: the exclusive CPUs memtopo's enforcement holds, where it
+    runs (None: it does not). Raises :class:`NrtError` for a name Kubernetes would refuse."""
     name = node_name or topo.node_name
     if not name:
         # An unprintable host name is discovered as none; host.identity's reason quotes it escaped.
@@ -332,7 +402,7 @@ def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet:
         costs = _costs(node, zone_ids)
         if costs:
             zone["costs"] = costs
-        zone["resources"] = _zone_resources(node, kubelet, pods, devices.get(node.id, {}))
+        zone["resources"] = _zone_resources(node, kubelet, pods, devices.get(node.id, {}), enforced)
         zone["attributes"] = _zone_attributes(node, topo, groups)
         zones.append(zone)
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "memtopo"}}
@@ -340,4 +410,5 @@ def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet:
         metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": owner.get("name", name),
                                         "uid": owner["uid"]}]
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
-            "attributes": _top_attributes(topo, kubelet, pods, pods_problem), "zones": zones}
+            "attributes": _top_attributes(topo, kubelet, pods, pods_problem, enforced,
+                                          node_level_devices(topo, pods, zone_ids)), "zones": zones}

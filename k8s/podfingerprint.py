@@ -3,7 +3,7 @@
 
 The algorithm is the ``k8stopologyawareschedwg/podfingerprint`` package's, version ``v001``: each pod is
 identified by its namespace and name only; its hash is XXH64(name, seed = XXH64(namespace)); the set's
-hashes are sorted, fed as little-endian 64-bit words into one XXH64 (seed 0), and the sign is
+hashes are sorted, fed as little-endian 64-bit words into one XXH64 seeded with zero, and the sign is
 ``pfp0`` + ``v001`` + the digest in hex. The same set, in any order, gives the same sign — so the
 extender can tell whether a node's object already counts the pods bound to it.
 
@@ -37,8 +37,14 @@ def pod_hash(namespace: str, name: str) -> int:
 def sign(pods: Iterable[tuple[str, str]]) -> str:
     """The fingerprint of the pods given as (namespace, name) pairs; duplicates count as often as given,
     as upstream counts them."""
+    return sign_hashes(pod_hash(namespace, name) for namespace, name in pods)
+
+
+def sign_hashes(hashes: Iterable[int]) -> str:
+    """The fingerprint of pods given by their :func:`pod_hash` (a reader folding thousands of pods keeps
+    8 bytes a pod, not its names)."""
     digest = xxhash.xxh64()
-    for value in sorted(pod_hash(namespace, name) for namespace, name in pods):
+    for value in sorted(hashes):
         digest.update(_WORD.pack(value))
     return PREFIX + VERSION + digest.hexdigest()
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import os
 import stat
+from array import array
 from collections.abc import Iterable, Iterator
 from typing import Final
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from memtopo.k8s import podfingerprint
 from memtopo.k8s.api.podresources.v1 import podresources_pb2 as pr
 from memtopo.k8s.defaults import DEFAULT_POD_RESOURCES_SOCKET
 from memtopo.k8s.facts import DeviceGrant, MemoryGrant, PodResourcesView
@@ -73,9 +75,13 @@ class _Assigned:
         self.memory: dict[tuple[str, tuple[int, ...]], int] = {}
         self.device_ids = 0
         self.pods = 0
+        # Each pod's fingerprint hash (8 bytes a pod), as NFD's topology-updater counts them: every pod
+        # the answer names, whatever it holds.
+        self.hashes = array("Q")
 
     def add(self, pod: pr.PodResources) -> None:
         self.pods += 1
+        self.hashes.append(podfingerprint.pod_hash(pod.namespace, pod.name))
         for c in pod.containers:
             self.cpus.update(x for x in c.cpu_ids if 0 <= x < MAX_CPU_ID)
             for d in c.devices:
@@ -151,7 +157,7 @@ def view_from_answers(listed: bytes, allocatable: bytes) -> PodResourcesView:
         allocatable_devices=tuple(_devices(alloc.devices)),
         allocatable_memory=tuple(_memory(alloc.memory)),
         assigned_cpus=tuple(sorted(assigned.cpus)), assigned_devices=devices, assigned_memory=memory,
-        pods=assigned.pods)
+        pods=assigned.pods, pods_fingerprint=podfingerprint.sign_hashes(assigned.hashes))
 
 
 def _check_socket(path: str) -> None:

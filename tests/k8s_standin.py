@@ -9,7 +9,8 @@ HTTP (aiohttp), so the client (``memtopo.k8s.kubeapi``) is exercised unchanged:
   ownership per manager with 409 Conflict answers unless ``force=true``, fields the manager stopped
   applying removed, and the result validated against the CRD's v1alpha2 schema before it is
   stored (422 Invalid otherwise). The NRT CRD marks no list as a map, so lists are atomic fields;
-- pods: ``GET`` one, ``PATCH`` (JSON merge patch only), ``POST .../binding`` (sets ``spec.nodeName``;
+- pods: ``GET`` one, ``PATCH`` (JSON merge patch only; a ``metadata.uid`` other than the pod's is
+  422 Invalid, as the immutable field is), ``POST .../binding`` (sets ``spec.nodeName``;
   409 when already bound or when ``fail_binding``), and core/v1 Events (``POST``);
 - **list and watch** of pods and NodeResourceTopologies: one resourceVersion counter for every change,
   ``limit``/``continue`` pages from a snapshot taken at the first page, ``fieldSelector`` and
@@ -29,6 +30,7 @@ label-selector sets, or consistency between a list's snapshot and concurrent wri
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import json
@@ -262,6 +264,21 @@ class StandInApiServer:
         self._thread.start()
         assert ready.wait(30), "the stand-in did not start"
         return self.url
+
+    def call[R](self, fn: Callable[[], R], timeout: float = 60.0) -> R:
+        """``fn()`` run on the loop of a server started with :meth:`start_in_thread` (its state belongs
+        to that thread: a pod put from another thread could change a dict a watch is reading)."""
+        loop = self._loop
+        assert loop is not None
+        done: concurrent.futures.Future[R] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except Exception as exc:
+                done.set_exception(exc)
+        loop.call_soon_threadsafe(run)
+        return done.result(timeout)
 
     def close(self) -> None:
         """Stop a server started with :meth:`start_in_thread`."""
@@ -527,9 +544,14 @@ class StandInApiServer:
             return _status(415, "UnsupportedMediaType", f"this stand-in takes {MERGE} only")
         patch = json.loads(await request.read())
         self._record_body(request, patch)
-        _, pod = self._pod_or_404(request)
+        key, pod = self._pod_or_404(request)
         if isinstance(pod, web.Response):
             return pod
+        uid = (patch.get("metadata") or {}).get("uid") if isinstance(patch, dict) else None
+        if uid is not None and uid != pod["metadata"].get("uid"):
+            # metadata.uid is immutable: a patch carrying another pod's uid is its precondition failing.
+            return _status(422, "Invalid", f'Pod "{key[1]}" is invalid: metadata.uid: Invalid value: '
+                                           f'"{uid}": field is immutable')
         _merge(pod, patch)
         self._record_change(PODS, "MODIFIED", pod)
         return web.json_response(pod)

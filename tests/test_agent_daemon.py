@@ -152,7 +152,9 @@ def _enforcing_agent(tmp_path: Path, with_seams: bool) -> Agent:
     return Agent(load_config(config), notifier=Notifier(None), **seams)
 
 
-def test_enforce_without_a_pod_source_says_so_and_serves(tmp_path: Path) -> None:
+def test_enforce_without_an_api_server_says_so_and_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a cluster, with no kubernetes.api_server, the pods bound to the node cannot be read."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     agent = _enforcing_agent(tmp_path, with_seams=False)
     seen: dict[str, Any] = {}
 
@@ -163,7 +165,9 @@ def test_enforce_without_a_pod_source_says_so_and_serves(tmp_path: Path) -> None
     with structlog.testing.capture_logs() as logs:
         assert _run(agent, check) == EXIT_OK
     ready, checks = seen["ready"]
-    assert ready and checks["enforce"] == "no pod source: nothing is enforced"
+    assert ready and checks["enforce"] == ("no pod source: find the API server: not in a cluster: "
+                                           "KUBERNETES_SERVICE_HOST/PORT are not set; nothing is enforced")
+    assert "enforce_pods" not in checks
     assert [e for e in logs if e["event"] == "enforce_without_pod_source"]
 
 

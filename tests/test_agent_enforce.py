@@ -417,3 +417,27 @@ def test_runtime_events_start_a_pass_and_stop_with_the_loop(tmp_path: Path) -> N
         release.set()
         server.stop(0)
     assert passes[:2] == ["active", "active"]
+
+
+def test_cgroup_cpusets_are_read_through_the_host_mount_that_hides_the_pods_own(tmp_path: Path) -> None:
+    """In a pod given the host's /sys, mountinfo lists the runtime's mount of the pod's own cgroup first
+    and the host's whole hierarchy at the same point after it: every container's cgroup, the agent's
+    own included, is read through the latter (a fake root in the kernel's formats)."""
+    root = tmp_path
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/self/mountinfo").write_text(
+        "30 25 0:27 /kubepods/podA/agent /sys/fs/cgroup/cpuset ro,nosuid - cgroup cgroup ro,cpuset\n"
+        "31 25 0:28 /kubepods/podA/agent /sys/fs/cgroup/unified ro,nosuid - cgroup2 cgroup2 ro\n"
+        "45 40 0:27 / /sys/fs/cgroup/cpuset rw,nosuid - cgroup cgroup rw,cpuset\n")
+    for pid, path in ((123, "/kubepods/podB/c1"), (7, "/kubepods/podA/agent")):
+        (root / f"proc/{pid}").mkdir(parents=True)
+        (root / f"proc/{pid}/cgroup").write_text(f"5:cpuset:{path}\n0::{path}\n")
+    for rel, cpus in (("kubepods/podB/c1", "4-5"), ("kubepods/podA/agent", "0-3"), ("", "0-7")):
+        d = root / "sys/fs/cgroup/cpuset" / rel
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpuset.effective_cpus").write_text(cpus + "\n")
+        (d / "cpuset.effective_mems").write_text("0\n")
+    read = CgroupCpusets(HostFS.at(root)).read
+    assert read(123) == ef.Observed(frozenset({4, 5}), frozenset({0}))
+    assert read(7) == ef.Observed(frozenset(range(4)), frozenset({0}))
+    assert read(999) == ef.Observed(None, None)  # a process that went away

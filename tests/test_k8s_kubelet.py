@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
 from memtopo.hostfs import HostFS
+from memtopo.k8s import podfingerprint as pfp
 from memtopo.k8s.api.podresources.v1 import podresources_pb2 as pr
 from memtopo.k8s.api.podresources.v1 import podresources_pb2_grpc as pr_grpc
 from memtopo.k8s.facts import DeviceGrant, MemoryGrant
@@ -141,7 +142,7 @@ class RecordedKubelet(pr_grpc.PodResourcesListerServicer):
         self.fail: grpc.StatusCode | None = None
 
     def set(self, doc: dict[str, Any]) -> None:
-        # The answers are written in the kubelet's full format; memtopo's schema omits the names.
+        # The answers are written in the kubelet's full format; memtopo's schema omits container names.
         self.listed = json_format.ParseDict(doc["list"], pr.ListPodResourcesResponse(), ignore_unknown_fields=True)
         self.allocatable = json_format.ParseDict(doc["get_allocatable_resources"],
                                                  pr.AllocatableResourcesResponse())
@@ -199,6 +200,7 @@ def test_available_follows_the_kubelets_answers(kubelet_socket: tuple[str, Recor
     assert res(obj, "node-4", "huawei.com/Ascend910") == ("2", "2", "2")
     attrs = {a["name"]: a["value"] for a in obj["attributes"]}
     assert attrs["memtopo.io/pod-resources"] == "kubelet: 3 pods"
+    assert attrs["nodeTopologyPodsFingerprint"] == pfp.sign([("ml", "train-0"), ("ml", "infer-0"), ("default", "web")])
 
 
 def test_a_failing_kubelet_is_a_typed_error(kubelet_socket: tuple[str, RecordedKubelet]) -> None:
@@ -231,8 +233,8 @@ def test_a_socket_nobody_answers_times_out() -> None:
 # ---- the kubelet's wire format, encoded without memtopo's schema ---------------------------------------
 # Field numbers of the kubelet's PodResources v1 messages, written here rather than read from the generated
 # code: a renumbered or retyped field in proto/memtopo/k8s/api/podresources/v1/podresources.proto fails below. The
-# answers also carry fields memtopo's schema leaves out (pod, namespace and container names, a dynamic
-# resource claim), which must be skipped.
+# answers also carry fields memtopo's schema leaves out (container names, a dynamic resource claim), which
+# must be skipped.
 
 def _varint(n: int) -> bytes:
     out = bytearray()
@@ -323,6 +325,8 @@ def test_the_kubelets_wire_format_is_read_on_its_method_paths(
     assert view.allocatable_devices == (DeviceGrant("nvidia.com/gpu", ("GPU-a", "GPU-b", "GPU-c"), (1,)),
                                         DeviceGrant("example.com/fpga", ("f0",), ()))
     assert view.allocatable_memory == (MemoryGrant("memory", 64 << 30, (0,)), MemoryGrant("memory", 32 << 30, (1,)))
+    # NFD's pods fingerprint: every pod List names, by namespace and name.
+    assert view.pods_fingerprint == pfp.sign([("ml", "idle"), ("ml", "train-0")])
 
 
 _JSONISH = st.recursive(

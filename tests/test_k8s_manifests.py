@@ -1,10 +1,14 @@
 """deploy/kubernetes: the kustomize base builds (here by a small builder that reads kustomization.yaml's
-`resources` and `configMapGenerator`, and also with `kubectl kustomize` where kubectl is installed;
-the kustomize binary has no PyPI or Debian package) and every object validates strictly against the
-Kubernetes OpenAPI schemas (kubernetes-validate). The RBAC grants exactly what the publisher does."""
+`resources` and `configMapGenerator`, and a component's `patches` as strategic merge patches, and also
+with `kubectl kustomize` where kubectl is installed; the kustomize binary has no PyPI or Debian package)
+and every object validates strictly against the Kubernetes OpenAPI schemas (kubernetes-validate). The
+base's RBAC grants exactly what the publisher does; the enforce component adds exactly what the
+enforcement does. The shipped agent.toml publishes with no controller configured."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import shutil
 import subprocess
 import tomllib
@@ -21,26 +25,72 @@ from memtopo.k8s.kubeapi import NRT_GROUP as GROUP
 from memtopo.k8s.kubeapi import NRT_RESOURCE as PLURAL
 
 BASE = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+ENFORCE = BASE / "enforce"
 K8S_VERSION = "1.37.0"
 # What the builder implements; a kustomization using anything else must fail here, not build wrongly.
-_KNOWN = {"apiVersion", "kind", "resources", "configMapGenerator"}
+_KNOWN = {"apiVersion", "kind", "resources", "configMapGenerator", "patches"}
+# Strategic merge patch: the lists merged by key in the objects these patches touch (every other list
+# in a patch fails the builder rather than being merged wrongly).
+_MERGE_KEYS = {"containers": "name", "volumes": "name", "volumeMounts": "mountPath", "env": "name"}
 
 
-def build(base: Path) -> list[dict[str, Any]]:
-    """The objects `kustomize build` makes of ``base``, for the features this base uses."""
+def _generated(base: Path, gen: dict[str, Any]) -> dict[str, Any]:
+    opts = gen.get("options", {})
+    assert set(gen) <= {"name", "namespace", "files", "options", "behavior"} and opts.get("disableNameSuffixHash")
+    meta: dict[str, Any] = {"name": gen["name"], "namespace": gen["namespace"]}
+    if opts.get("labels"):
+        meta["labels"] = opts["labels"]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+            "data": {Path(f).name: (base / f).read_text() for f in gen["files"]}}
+
+
+def strategic_merge(target: Any, patch: Any, field: str = "") -> Any:
+    """``patch`` applied to ``target`` as kustomize applies a strategic merge patch, for maps and the keyed
+    lists in _MERGE_KEYS (None deletes a field)."""
+    if isinstance(patch, dict) and isinstance(target, dict):
+        out = dict(target)
+        for k, v in patch.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = strategic_merge(target.get(k), v, k)
+        return out
+    if isinstance(patch, list):
+        assert field in _MERGE_KEYS, f"a patch of the list {field!r}: extend the builder"
+        key, merged, added = _MERGE_KEYS[field], list(target or []), []
+        for item in patch:
+            at = next((i for i, old in enumerate(merged) if old[key] == item[key]), None)
+            if at is None:
+                added.append(item)
+            else:
+                merged[at] = strategic_merge(merged[at], item, field)
+        return added + merged  # kustomize puts the items a patch adds first
+    return patch
+
+
+def build(base: Path, components: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """The objects `kustomize build` makes of ``base`` with ``components``, for the features they use."""
     k = yaml.safe_load((base / "kustomization.yaml").read_text())
-    assert set(k) <= _KNOWN, f"kustomization uses {set(k) - _KNOWN}: extend the builder"
+    assert set(k) <= _KNOWN - {"patches"}, f"kustomization uses {set(k) - _KNOWN}: extend the builder"
     objs: list[dict[str, Any]] = []
     for res in k.get("resources", []):
         objs += [d for d in yaml.safe_load_all((base / res).read_text()) if d]
-    for gen in k.get("configMapGenerator", []):
-        opts = gen.get("options", {})
-        assert set(gen) <= {"name", "namespace", "files", "options"} and opts.get("disableNameSuffixHash") is True
-        meta: dict[str, Any] = {"name": gen["name"], "namespace": gen["namespace"]}
-        if opts.get("labels"):
-            meta["labels"] = opts["labels"]
-        objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-                     "data": {Path(f).name: (base / f).read_text() for f in gen["files"]}})
+    objs += [_generated(base, gen) for gen in k.get("configMapGenerator", [])]
+    for comp in components:
+        c = yaml.safe_load((comp / "kustomization.yaml").read_text())
+        assert c["kind"] == "Component" and set(c) <= _KNOWN, f"component uses {set(c) - _KNOWN}"
+        for res in c.get("resources", []):
+            objs += [d for d in yaml.safe_load_all((comp / res).read_text()) if d]
+        for gen in c.get("configMapGenerator", []):
+            assert gen["behavior"] == "replace"
+            made = _generated(comp, gen)
+            (at,) = [i for i, o in enumerate(objs) if key(o) == key(made)]
+            objs[at] = made
+        for entry in c.get("patches", []):
+            assert set(entry) == {"path"}
+            patch = yaml.safe_load((comp / entry["path"]).read_text())
+            (at,) = [i for i, o in enumerate(objs) if key(o) == key(patch)]
+            objs[at] = strategic_merge(objs[at], patch)
     return objs
 
 
@@ -50,11 +100,27 @@ def key(obj: dict[str, Any]) -> tuple[str, str, str]:
 
 OBJECTS = build(BASE)
 BY_KIND = {key(o): o for o in OBJECTS}
+ENFORCING = build(BASE, (ENFORCE,))
+ENFORCING_BY_KIND = {key(o): o for o in ENFORCING}
 
 
-def one(kind: str, name: str) -> dict[str, Any]:
-    (obj,) = [o for o in OBJECTS if o["kind"] == kind and o["metadata"]["name"] == name]
+def one(kind: str, name: str, objects: list[dict[str, Any]] = OBJECTS) -> dict[str, Any]:
+    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
     return obj
+
+
+def granted(objects: list[dict[str, Any]], account: str = "memtopo-agent") -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the service account ``account`` is given by the ClusterRoles bound to it."""
+    roles = {b["roleRef"]["name"] for b in objects if b["kind"] == "ClusterRoleBinding"
+             and {"kind": "ServiceAccount", "name": account, "namespace": "memtopo"} in b["subjects"]}
+    return {(g, r, v) for role in objects if role["kind"] == "ClusterRole" and role["metadata"]["name"] in roles
+            for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+PUBLISHER_VERBS = {(GROUP, PLURAL, "create"), (GROUP, PLURAL, "patch"), ("", "nodes", "get")}
+# What agent/k8s_pods.py calls: the informer's list and watch of pods, the status annotation's merge
+# patch, the Events (tests/test_agent_enforce_e2e.py checks these against the calls it saw).
+ENFORCEMENT_VERBS = {("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"), ("", "events", "create")}
 
 
 def test_the_base_has_what_a_deployment_needs() -> None:
@@ -65,15 +131,27 @@ def test_the_base_has_what_a_deployment_needs() -> None:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) not installed")
-def test_kubectl_kustomize_builds_the_same_objects() -> None:
+def test_kubectl_kustomize_builds_the_same_objects(tmp_path: Path) -> None:
     out = subprocess.run(["kubectl", "kustomize", str(BASE)], capture_output=True, text=True, timeout=120, check=True)
     built = {key(o): o for o in yaml.safe_load_all(out.stdout) if o}
     assert built == BY_KIND
+    # kustomize takes relative roots only: the base and an operator's kustomization side by side.
+    shutil.copytree(BASE, tmp_path / "base")
+    (tmp_path / "use").mkdir()
+    (tmp_path / "use" / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources:\n- ../base\ncomponents:\n- ../base/enforce\n")
+    out = subprocess.run(["kubectl", "kustomize", str(tmp_path / "use")], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert {key(o): o for o in yaml.safe_load_all(out.stdout) if o} == ENFORCING_BY_KIND
 
 
-@pytest.mark.parametrize("k", sorted(BY_KIND), ids=["/".join(k) for k in sorted(BY_KIND)])
-def test_every_object_validates_strictly(k: tuple[str, str, str]) -> None:
-    kubernetes_validate.validate(BY_KIND[k], K8S_VERSION, strict=True)
+ALL = sorted({("base", k) for k in BY_KIND} | {("enforce", k) for k in ENFORCING_BY_KIND})
+
+
+@pytest.mark.parametrize(("build_of", "k"), ALL, ids=[f"{b}:{'/'.join(k)}" for b, k in ALL])
+def test_every_object_validates_strictly(build_of: str, k: tuple[str, str, str]) -> None:
+    kubernetes_validate.validate((BY_KIND if build_of == "base" else ENFORCING_BY_KIND)[k], K8S_VERSION, strict=True)
 
 
 def test_strict_validation_catches_a_typo() -> None:
@@ -83,10 +161,10 @@ def test_strict_validation_catches_a_typo() -> None:
         kubernetes_validate.validate(ds, K8S_VERSION, strict=True)
 
 
-def test_rbac_grants_exactly_the_publishers_verbs() -> None:
-    rules = one("ClusterRole", "memtopo-agent")["rules"]
-    granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    assert granted == {(GROUP, PLURAL, "create"), (GROUP, PLURAL, "patch"), ("", "nodes", "get")}
+def test_rbac_grants_exactly_the_publishers_verbs_and_the_enforcements_with_its_component() -> None:
+    assert granted(OBJECTS) == PUBLISHER_VERBS
+    assert granted(ENFORCING) == PUBLISHER_VERBS | ENFORCEMENT_VERBS
+    assert not [o for o in OBJECTS if o["kind"] in ("Role", "RoleBinding")]
     binding = one("ClusterRoleBinding", "memtopo-agent")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "memtopo-agent", "namespace": "memtopo"}]
     ds = one("DaemonSet", "memtopo-agent")
@@ -126,7 +204,7 @@ def test_the_daemonset_runs_the_configmaps_agent_with_its_mounts_probes_and_scra
     cm = one("ConfigMap", cm_name)
     assert c["command"][-1] == f"{mounts['config']}/agent.toml"
     cfg = parse_config(cm["data"]["agent.toml"], "configmap")
-    assert cfg.kubernetes.enabled and cfg.apply.cgroup_prefixes == ()
+    assert cfg.kubernetes.enabled and cfg.apply.cgroup_prefixes == () and not cfg.kubernetes.enforce
     assert cfg.listen.socket.startswith(mounts["run"]) and cfg.state_dir == mounts["state"]
     assert cfg.kubernetes.pod_resources_socket.startswith(mounts["pod-resources"] + "/")
     _, port = parse_listen(cfg.health.listen)
@@ -136,6 +214,65 @@ def test_the_daemonset_runs_the_configmaps_agent_with_its_mounts_probes_and_scra
     assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_the_enforce_component_adds_the_runtime_socket_the_hosts_view_and_enforce_alone() -> None:
+    base_pod = one("DaemonSet", "memtopo-agent")["spec"]["template"]["spec"]
+    pod = one("DaemonSet", "memtopo-agent", ENFORCING)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["hostPID"] is True and c["securityContext"]["privileged"] is True
+    # The API server refuses allowPrivilegeEscalation false beside privileged (schema validation does not).
+    assert c["securityContext"]["allowPrivilegeEscalation"] is True
+    host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert host["containerd"] == {"path": "/run/containerd", "type": "Directory"}
+    assert mounts["containerd"] == {"name": "containerd", "mountPath": "/run/containerd", "readOnly": True}
+    # Everything else is the base's: the same mounts, probes, image, command and capabilities.
+    assert [m for m in c["volumeMounts"] if m["name"] != "containerd"] == base_pod["containers"][0]["volumeMounts"]
+    assert {k: v for k, v in c.items() if k not in ("securityContext", "volumeMounts")} == {
+        k: v for k, v in base_pod["containers"][0].items() if k not in ("securityContext", "volumeMounts")}
+    cfg = parse_config(one("ConfigMap", "memtopo-agent", ENFORCING)["data"]["agent.toml"], "enforce")
+    base_cfg = parse_config(one("ConfigMap", "memtopo-agent")["data"]["agent.toml"], "base")
+    assert cfg.kubernetes.enforce and cfg.kubernetes.runtime_endpoint == "unix:///run/containerd/containerd.sock"
+    assert cfg.kubernetes.runtime_endpoint.removeprefix("unix://").startswith(mounts["containerd"]["mountPath"] + "/")
+    # The component's agent.toml is the base's with enforcement on, nothing else.
+    assert cfg == dataclasses.replace(base_cfg, kubernetes=dataclasses.replace(
+        base_cfg.kubernetes, enforce=True, runtime_endpoint=cfg.kubernetes.runtime_endpoint))
+    assert {k for k in ENFORCING_BY_KIND} - {k for k in BY_KIND} == {
+        ("ClusterRole", "", "memtopo-agent-enforce"), ("ClusterRoleBinding", "", "memtopo-agent-enforce")}
+
+
+def test_the_shipped_config_publishes_without_a_controller(tmp_path: Path) -> None:
+    """``kubectl apply -k deploy/kubernetes`` gives the agent the ConfigMap's agent.toml: with it (host
+    paths moved under tmp_path, the stand-in API server instead of the in-cluster one, a captured
+    root) the agent publishes its NodeResourceTopology with no controller address anywhere."""
+    from memtopo.agent.daemon import EXIT_OK, Agent
+    from memtopo.agent.sdnotify import Notifier
+    from tests.fixtures import lab_root
+    from tests.k8s_standin import StandInApiServer
+
+    shipped = parse_config(one("ConfigMap", "memtopo-agent")["data"]["agent.toml"], "configmap")
+    assert shipped.controller.address == "" and shipped.kubernetes.enabled
+
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node("cm-node")
+        await server.start()
+        cfg = dataclasses.replace(
+            shipped, node_name="cm-node", root=str(lab_root("dual-socket-cxl")), state_dir=str(tmp_path / "state"),
+            listen=dataclasses.replace(shipped.listen, socket=str(tmp_path / "agent.sock"), read_socket=""),
+            health=dataclasses.replace(shipped.health, listen=""),
+            discovery=dataclasses.replace(shipped.discovery, udev=False),
+            kubernetes=dataclasses.replace(shipped.kubernetes, node_name="cm-node", api_server=server.url))
+        agent = Agent(cfg, notifier=Notifier(None))
+        run = asyncio.create_task(agent.run())
+        obj = await server.wait_stored(lambda o: True, 60)
+        assert obj["metadata"]["name"] == "cm-node" and obj["zones"]
+        assert agent.link is None and agent.ready()[1]["controller_link"] == "not configured"
+        agent.request_stop()
+        assert await asyncio.wait_for(run, 60) == EXIT_OK
+        await server.stop()
+    asyncio.run(asyncio.wait_for(main(), 120))
 
 
 def test_the_controller_deployment_and_service_agree_on_the_port() -> None:

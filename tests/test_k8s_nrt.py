@@ -23,7 +23,8 @@ from memtopo.cli.main import main
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
 from memtopo.hostfs import HostFS
-from memtopo.k8s.facts import DeviceGrant, KubeletFacts, MemoryGrant, PodResourcesView
+from memtopo.k8s import podfingerprint as pfp
+from memtopo.k8s.facts import DeviceGrant, EnforcedCpus, KubeletFacts, MemoryGrant, PodResourcesView
 from memtopo.k8s.kubelet import KubeletConfigError, parse_quantity, read_kubelet_facts
 from memtopo.k8s.nrt import (
     NrtError,
@@ -31,6 +32,7 @@ from memtopo.k8s.nrt import (
     available_from_nrt,
     build_nrt,
     devices_in_use,
+    node_level_devices,
     zone_nodes,
 )
 from memtopo.k8s.quantity import format_bytes as quantity
@@ -194,6 +196,27 @@ def test_nrt_is_valid_and_equals_the_topology(kind: str, name: str) -> None:
     assert attrs["memtopo.io/fingerprint"] == topo.fingerprint
     assert attrs["memtopo.io/generation"] == str(topo.generation)
     assert attrs["memtopo.io/pod-resources"].startswith("unavailable")
+    assert "nodeTopologyPodsFingerprint" not in attrs  # without PodResources no one knows the pods
+    # The same node with a kubelet that has two SR-IOV VFs per zone (one held), a resource without NUMA
+    # affinity, a pods fingerprint, and memtopo's enforcement holding each zone's first CPU.
+    vfs = tuple(DeviceGrant("intel.com/sriov_vf", (f"{nid:04x}:3b:02.0", f"{nid:04x}:3b:02.1"), (nid,))
+                for nid in zones)
+    pods = PodResourcesView(allocatable_devices=(*vfs, DeviceGrant("example.com/license", ("l0", "l1"))),
+                            assigned_devices=tuple(DeviceGrant(g.resource, g.ids[:1], g.numa_nodes) for g in vfs),
+                            pods=1, pods_fingerprint=pfp.sign([("ml", "train-0")]))
+    pinned = frozenset(min(nodes[nid].cpus) for nid in zones if nodes[nid].cpus)
+    busy = build_nrt(topo, "node-a", kubelet=kubelet, pods=pods, enforced=EnforcedCpus(True, pinned, len(pinned)))
+    assert_valid(busy)
+    for z in busy["zones"]:
+        got = {r["name"]: r for r in z["resources"]}
+        assert (got["intel.com/sriov_vf"]["allocatable"], got["intel.com/sriov_vf"]["available"]) == ("2", "1")
+        assert "example.com/license" not in got
+        if "cpu" in got:
+            assert int(got["cpu"]["available"]) == int(got["cpu"]["allocatable"]) - 1
+    top = {a["name"]: a["value"] for a in busy["attributes"]}
+    assert top["memtopo.io/node-level-resources"] == "example.com/license=2/2"
+    assert top["nodeTopologyPodsFingerprint"] == pfp.sign([("ml", "train-0")])
+    assert top["memtopo.io/cpu-enforcement"] == f"memtopo: {len(pinned)} pods, {len(pinned)} exclusive CPUs"
 
 
 def synth(name: str) -> pb.MemoryTopology:
@@ -291,6 +314,78 @@ def test_ascend_plugin_ids_without_topology_map_to_their_npu_node() -> None:
     free = available_devices(topo, pods)
     zone_of = f"node-{npu0.numa_node}"
     assert free[zone_of]["huawei.com/Ascend910"] == available_devices(topo, None)[zone_of]["huawei.com/Ascend910"] - 1
+
+
+def test_every_device_plugin_resource_is_counted_in_its_zone_and_the_rest_at_node_level() -> None:
+    """NICs, SR-IOV VFs, RDMA devices: whatever a device plugin registers is in the zone of its NUMA node,
+    with available less what containers hold; devices with no NUMA node (or one that is no zone) are
+    in no zone, as NFD leaves them, and the node-level attribute counts them."""
+    topo = synth("kunlunxin-p800-8xpu")
+    vf0 = tuple(f"0000:3b:02.{i}" for i in range(4))
+    pods = PodResourcesView(
+        allocatable_devices=(DeviceGrant("intel.com/sriov_netdevice", vf0, (0,)),
+                             DeviceGrant("intel.com/sriov_netdevice", ("0000:af:02.0", "0000:af:02.1"), (1,)),
+                             DeviceGrant("nvidia.com/rdma_shared_device_a", ("mlx5_0", "mlx5_1"), (1,)),
+                             DeviceGrant("example.com/license", ("l0", "l1", "l2")),
+                             DeviceGrant("example.com/far", ("f0",), (7,))),
+        # The List may name a device without the topology its allocatable answer gave: held by id.
+        assigned_devices=(DeviceGrant("intel.com/sriov_netdevice", (vf0[1],)),
+                          DeviceGrant("nvidia.com/rdma_shared_device_a", ("mlx5_1",), (1,)),
+                          DeviceGrant("example.com/license", ("l1",))),
+        pods=2)
+    obj = build_nrt(topo, "p800", pods=pods)
+    assert_valid(obj)
+    assert res(obj, "node-0", "intel.com/sriov_netdevice") == ("4", "4", "3")
+    assert res(obj, "node-1", "intel.com/sriov_netdevice") == ("2", "2", "2")
+    assert res(obj, "node-1", "nvidia.com/rdma_shared_device_a") == ("2", "2", "1")
+    # The XPUs the kubelet does not report keep memtopo's own count.
+    assert res(obj, "node-0", "kunlunxin.com/xpu") == ("4", "4", "4")
+    named = {r["name"] for z in obj["zones"] for r in z["resources"]}
+    assert not named & {"example.com/license", "example.com/far"}
+    top = {a["name"]: a["value"] for a in obj["attributes"]}
+    assert top["memtopo.io/node-level-resources"] == "example.com/far=1/1,example.com/license=2/3"
+    assert node_level_devices(topo, pods, (0, 1)) == {"example.com/far": (1, 1), "example.com/license": (3, 2)}
+    free = available_devices(topo, pods)
+    assert free["node-0"]["intel.com/sriov_netdevice"] == 3 and free["node-1"]["nvidia.com/rdma_shared_device_a"] == 1
+
+
+def test_the_pods_fingerprint_is_nfds_attribute_with_its_method() -> None:
+    topo = synth("gh200")
+    pairs = [("ml", "train-0"), ("kube-system", "memtopo-agent-x7k2p"), ("default", "web")]
+    obj = build_nrt(topo, "gh200-1", pods=PodResourcesView(pods=3, pods_fingerprint=pfp.sign(pairs)))
+    assert_valid(obj)
+    top = {a["name"]: a["value"] for a in obj["attributes"]}
+    assert top[pfp.ATTRIBUTE] == pfp.sign(reversed(pairs)) and pfp.compatible(top[pfp.ATTRIBUTE])
+    assert top["nodeTopologyPodsFingerprintMethod"] == "all"
+    # No pods at all is a set too: its sign says the object counts none.
+    empty = build_nrt(topo, "gh200-1", pods=PodResourcesView(pods_fingerprint=pfp.sign([])))
+    assert {a["name"]: a["value"] for a in empty["attributes"]}[pfp.ATTRIBUTE] == pfp.sign([])
+    without = build_nrt(topo, "gh200-1", pods=None, pods_problem="no socket")
+    assert pfp.ATTRIBUTE not in {a["name"] for a in without["attributes"]}
+
+
+def test_available_cpus_leave_out_what_memtopos_enforcement_pinned() -> None:
+    topo = synth("kunlunxin-p800-8xpu")
+    n0, n1 = (list(n.cpus) for n in topo.numa_nodes[:2])
+    pods = PodResourcesView(allocatable_cpus=tuple(sorted(n0[1:] + n1)), pods=3)
+    pinned = EnforcedCpus(True, frozenset(n0[1:5] + n1[:2]), 2)
+    obj = build_nrt(topo, "p800", pods=pods, enforced=pinned)
+    assert_valid(obj)
+    assert res(obj, "node-0", "cpu") == ("104", "103", "99")
+    assert res(obj, "node-1", "cpu") == ("104", "104", "102")
+    top = {a["name"]: a["value"] for a in obj["attributes"]}
+    assert top["memtopo.io/cpu-enforcement"] == "memtopo: 2 pods, 6 exclusive CPUs"
+    # Before the enforcement's first decision nothing is offered as free; the attribute says why.
+    unknown = build_nrt(topo, "p800", pods=pods,
+                        enforced=EnforcedCpus(False, note="waiting: the pod list has not arrived yet"))
+    assert_valid(unknown)
+    assert res(unknown, "node-0", "cpu") == ("104", "103", "0") and res(unknown, "node-1", "cpu")[2] == "0"
+    assert {a["name"]: a["value"] for a in unknown["attributes"]}["memtopo.io/cpu-enforcement"] == (
+        "not known yet (waiting: the pod list has not arrived yet): cpu available = 0")
+    # With the kubelet's static policy the kubelet pins (PodResources says what); memtopo adds nothing.
+    owned = EnforcedCpus(True, note="kubelet: its static CPU manager owns container cpusets")
+    kubelet_owned = build_nrt(topo, "p800", pods=PodResourcesView(assigned_cpus=(n0[3],), pods=1), enforced=owned)
+    assert res(kubelet_owned, "node-0", "cpu") == ("104", "104", "103")
 
 
 def test_available_from_nrt_ignores_malformed_zones() -> None:

@@ -19,7 +19,8 @@ from memtopo.agent.daemon import EXIT_OK, Agent
 from memtopo.agent.k8s_publisher import FIELD_MANAGER, Publisher, PublisherSettings
 from memtopo.agent.sdnotify import Notifier
 from memtopo.agent.state import TopologyState
-from memtopo.k8s.facts import DeviceGrant, KubeletFacts, PodResourcesView
+from memtopo.k8s import podfingerprint as pfp
+from memtopo.k8s.facts import DeviceGrant, EnforcedCpus, KubeletFacts, PodResourcesView
 from memtopo.k8s.kubeapi import APPLY_PATCH as APPLY_CONTENT_TYPE
 from memtopo.k8s.kubeapi import KubeApi
 from memtopo.k8s.nrt import zone_nodes
@@ -162,6 +163,34 @@ def test_a_pod_resources_change_is_applied_and_an_unchanged_poll_is_not() -> Non
         view["now"] = PodResourcesView(assigned_devices=(DeviceGrant("nvidia.com/gpu", ("GPU-0000",), (0,)),), pods=1)
         obj = await server.wait_stored(lambda o: available(o, "node-0", "nvidia.com/gpu") == "0", WAIT)
         assert attr(obj, "memtopo.io/pod-resources") == "kubelet: 1 pods"
+        assert attr(obj, "memtopo.io/generation") == "1"
+        await h.stop()
+    run(main)
+
+
+def test_what_the_enforcement_pins_is_applied_at_once_with_the_pods_fingerprint() -> None:
+    """With memtopo as the CPU manager, the CPUs its enforcement holds leave ``available`` as soon as it
+    says they changed (PodResources polled hourly here: only the poke can wake the publisher), and the
+    object carries NFD's pods fingerprint of the kubelet's pods."""
+    async def main() -> None:
+        server = StandInApiServer()
+        server.add_node(NODE)
+        await server.start()
+        fingerprint = pfp.sign([("ml", "train-0"), ("default", "web")])
+        h = Harness(server, read_pods=lambda: PodResourcesView(pods=2, pods_fingerprint=fingerprint))
+        enforced = {"now": EnforcedCpus(False, note="waiting: the pod list has not arrived yet")}
+        h.publisher.follow_enforcement(lambda: enforced["now"])
+        h.state.publish(topology("f1"))
+        h.start()
+        obj = await server.wait_stored(lambda o: True, WAIT)
+        assert available(obj, "node-0", "cpu") == "0" and available(obj, "node-1", "cpu") == "0"
+        assert attr(obj, "nodeTopologyPodsFingerprint") == fingerprint
+        assert attr(obj, "nodeTopologyPodsFingerprintMethod") == "all"
+        enforced["now"] = EnforcedCpus(True, frozenset({2, 3, 9}), 2)
+        h.publisher.poke()
+        obj = await server.wait_stored(lambda o: available(o, "node-0", "cpu") == "6", WAIT)
+        assert available(obj, "node-1", "cpu") == "7"
+        assert attr(obj, "memtopo.io/cpu-enforcement") == "memtopo: 2 pods, 3 exclusive CPUs"
         assert attr(obj, "memtopo.io/generation") == "1"
         await h.stop()
     run(main)

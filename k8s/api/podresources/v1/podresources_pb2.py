@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2memtopo/k8s/api/podresources/v1/podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\":\n\x0cPodResources\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"q\n\x12\x43ontainerResources\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2memtopo/k8s/api/podresources/v1/podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"q\n\x12\x43ontainerResources\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,21 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=85
   _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=152
   _globals['_PODRESOURCES']._serialized_start=154
-  _globals['_PODRESOURCES']._serialized_end=212
-  _globals['_CONTAINERRESOURCES']._serialized_start=214
-  _globals['_CONTAINERRESOURCES']._serialized_end=327
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=329
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=358
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=360
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=483
-  _globals['_CONTAINERDEVICES']._serialized_start=485
-  _globals['_CONTAINERDEVICES']._serialized_end=582
-  _globals['_CONTAINERMEMORY']._serialized_start=584
-  _globals['_CONTAINERMEMORY']._serialized_end=672
-  _globals['_TOPOLOGYINFO']._serialized_start=674
-  _globals['_TOPOLOGYINFO']._serialized_end=717
-  _globals['_NUMANODE']._serialized_start=719
-  _globals['_NUMANODE']._serialized_end=741
-  _globals['_PODRESOURCESLISTER']._serialized_start=744
-  _globals['_PODRESOURCESLISTER']._serialized_end=929
+  _globals['_PODRESOURCES']._serialized_end=245
+  _globals['_CONTAINERRESOURCES']._serialized_start=247
+  _globals['_CONTAINERRESOURCES']._serialized_end=360
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=362
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=391
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=393
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=516
+  _globals['_CONTAINERDEVICES']._serialized_start=518
+  _globals['_CONTAINERDEVICES']._serialized_end=615
+  _globals['_CONTAINERMEMORY']._serialized_start=617
+  _globals['_CONTAINERMEMORY']._serialized_end=705
+  _globals['_TOPOLOGYINFO']._serialized_start=707
+  _globals['_TOPOLOGYINFO']._serialized_end=750
+  _globals['_NUMANODE']._serialized_start=752
+  _globals['_NUMANODE']._serialized_end=774
+  _globals['_PODRESOURCESLISTER']._serialized_start=777
+  _globals['_PODRESOURCESLISTER']._serialized_end=962
 # @@protoc_insertion_point(module_scope)

@@ -3,7 +3,7 @@
 isort:skip_file
 memtopo's own description of the kubelet's PodResources v1 gRPC API (served by the kubelet on
 /var/lib/kubelet/pod-resources/kubelet.sock), written for interoperability with it. It declares only
-what memtopo reads: the kubelet's answers carry more (pod, namespace and container names, dynamic
+what memtopo reads: the kubelet's answers carry more (container names, dynamic
 resource claims, a per-pod Get method), and protobuf skips fields a schema does not declare.
 
 Fixed by the kubelet, not by memtopo: the package and service names (they form the method paths
@@ -63,21 +63,27 @@ Global___ListPodResourcesResponse: _TypeAlias = ListPodResourcesResponse  # noqa
 
 @_typing.final
 class PodResources(_message.Message):
-    """One pod; memtopo counts pods and walks their containers (name = 1, namespace = 2 not read)."""
+    """One pod: its name and namespace (the pods fingerprint) and its containers."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    NAME_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
     CONTAINERS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    namespace: _builtins.str
     @_builtins.property
     def containers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerResources]: ...
     def __init__(
         self,
         *,
+        name: _builtins.str = ...,
+        namespace: _builtins.str = ...,
         containers: _abc.Iterable[Global___ContainerResources] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "name", b"name", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

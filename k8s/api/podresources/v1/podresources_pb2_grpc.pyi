@@ -3,7 +3,7 @@
 isort:skip_file
 memtopo's own description of the kubelet's PodResources v1 gRPC API (served by the kubelet on
 /var/lib/kubelet/pod-resources/kubelet.sock), written for interoperability with it. It declares only
-what memtopo reads: the kubelet's answers carry more (pod, namespace and container names, dynamic
+what memtopo reads: the kubelet's answers carry more (container names, dynamic
 resource claims, a per-pod Get method), and protobuf skips fields a schema does not declare.
 
 Fixed by the kubelet, not by memtopo: the package and service names (they form the method paths
