@@ -16,6 +16,8 @@ SHARED = Path(os.environ.get("MEMTOPO_SHARED", REPO.parent / "shared"))
 HWLOC_LINUX = SHARED / "fixtures" / "hwloc" / "linux"
 HWLOC_XML = SHARED / "fixtures" / "hwloc" / "xml"
 LAB_CAPTURES = SHARED / "lab" / "captures"
+# The synthesized hosts (tests/fixtures/<host>/root.tar.gz, built by tests/synth.py).
+SYNTH = REPO / "tests" / "fixtures"
 _CACHE = Path(os.environ.get("MEMTOPO_FIXTURE_CACHE", "/tmp/memtopo-fixture-cache"))
 
 

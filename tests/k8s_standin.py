@@ -27,7 +27,7 @@ import yaml
 from aiohttp import web
 from jsonschema import Draft7Validator
 
-from tests.test_k8s_nrt import nrt_schema
+from tests.nrt_crd import nrt_schema
 
 NRT_PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/{name}"
 APPLY = "application/apply-patch+yaml"

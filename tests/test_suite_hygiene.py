@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from tests.fixtures import REPO
 
-TESTS = sorted((REPO / "tests").glob("*.py"))
+# Every test and helper module (the synthesized hosts under tests/fixtures/ are data, not tests).
+TESTS = sorted(p for p in (REPO / "tests").rglob("*.py") if (REPO / "tests" / "fixtures") not in p.parents)
+# Test modules by room: tests/<floor>/ for each floor of the package (the README's Layout), plus
+# tests/deploy/ (systemd unit, Kubernetes manifests). At the top of tests/: the tests of the
+# repository as a whole, and the helpers that several rooms share.
+ROOMS = ("ground", "discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "cli", "deploy")
+HOUSE_TESTS = ("test_layering.py", "test_suite_hygiene.py", "test_tools_scripts.py", "test_synth_fixtures.py")
 # `assert <clock>() - t0 < X`: an upper bound on elapsed time, which a loaded machine misses.
 ELAPSED_UPPER_BOUND = re.compile(r"assert\b.*\b(perf_counter|monotonic|time)\(\)\s*-\s*\w+\s*<")
 A_DEADLINE = re.compile(r"\bsettings\(.*\bdeadline\s*=\s*(?!None\b)")
@@ -30,7 +36,8 @@ def test_a_test_with_its_own_settings_inherits_no_deadline(n: int) -> None:
 
 
 def test_no_test_sets_a_deadline_or_bounds_elapsed_time() -> None:
-    found = [f"{path.name}:{n}: {line.strip()}"
+    assert REPO / "tests" / "agent" / "test_agent_e2e.py" in TESTS  # the rooms are read too
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
              for path in TESTS if path.name != "test_suite_hygiene.py"
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if ELAPSED_UPPER_BOUND.search(line) or A_DEADLINE.search(line)]
@@ -101,3 +108,13 @@ def test_source_files_state_facts_not_citations() -> None:
              for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
              if CITATION.search(line)]
     assert found == []
+
+
+def test_every_test_module_is_in_its_room() -> None:
+    """A new test module goes into the room of the floor it tests (tests/README.md)."""
+    tests = REPO / "tests"
+    misplaced = sorted(str(p.relative_to(REPO)) for p in TESTS if p.name.startswith("test_")
+                       and not (p.parent == tests and p.name in HOUSE_TESTS)
+                       and not (p.parent.parent == tests and p.parent.name in ROOMS))
+    assert misplaced == []
+    assert all((tests / room / "__init__.py").is_file() for room in ROOMS)
