@@ -137,11 +137,20 @@ class Agent:
         return self._out.lines if self._out is not None else []
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting: several agents then start side by side."""
         argv = ["-c", self.script] if self.script else ["-m", "memtopo.cli"]
         self.proc = subprocess.Popen([sys.executable, *argv, "serve", "--config", str(self.config)], cwd=REPO,
                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
         self._out = Output(self.proc)
+
+    def wait_ready(self) -> None:
+        """Until the agent serves: its ports come from its agent_ready event."""
         proc = self.proc
+        assert proc is not None
 
         def ready() -> dict[str, Any] | None:
             assert proc.poll() is None, f"the agent exited {proc.returncode}:\n{''.join(self.output)[-3000:]}"

@@ -73,9 +73,10 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return copy_root(tmp_path)
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One copy for the module: no test here changes the root, the agents only read it."""
+    return copy_root(tmp_path_factory.mktemp("hostile-root"))
 
 
 # ---- a rescan that hangs ---------------------------------------------------------------------------

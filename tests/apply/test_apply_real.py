@@ -31,7 +31,12 @@ from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from tests.apply_fakes import cpuset, irq, migrate, plan, threads
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: changes real affinities, cpusets and IRQs")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: changes real affinities, cpusets and IRQs"),
+    # Several tests write the same real IRQ's affinity (the first writable one): one at a time, on
+    # one xdist worker.
+    pytest.mark.xdist_group("host-irq"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 P = planpb.PlanResult

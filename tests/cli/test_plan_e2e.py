@@ -71,6 +71,10 @@ class A3:
     topology: pb.MemoryTopology
 
 
+# The A3 host copied and discovered once for the module, on one xdist worker.
+pytestmark = pytest.mark.xdist_group("plan-e2e-a3")
+
+
 @pytest.fixture(scope="module")
 def a3(tmp_path_factory: pytest.TempPathFactory) -> A3:
     root = tmp_path_factory.mktemp("a3") / "root"

@@ -114,6 +114,10 @@ class Fleet:
         self.controller.kill()
 
 
+# One fleet of agent processes for the module, on one xdist worker (not one per worker).
+pytestmark = pytest.mark.xdist_group("extender-e2e")
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     f = Fleet(tmp_path_factory.mktemp("extender-e2e"))

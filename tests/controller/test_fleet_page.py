@@ -415,6 +415,10 @@ class Fleet4:
         self.agents = agents
 
 
+# The browser tests share one controller, four agents and one Chromium: on one xdist worker.
+FLEET4 = pytest.mark.xdist_group("fleet4")
+
+
 @pytest.fixture(scope="module")
 def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet4]:
     """A controller (gRPC + HTTP) and four real agents on captured roots, each with its own name and
@@ -439,7 +443,9 @@ def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet4]:
             tmp.mkdir(exist_ok=True)
             agents[name] = Agent(tmp, root, grpc_port, node_name=name)
         for agent in agents.values():
-            agent.start()
+            agent.launch()
+        for agent in agents.values():
+            agent.wait_ready()
         fleet = Fleet4(controller, http_port, agents)
 
         def all_held() -> bool:
@@ -503,6 +509,7 @@ def row(name: str) -> str:
     return f"[...document.querySelectorAll('#nodes tr')].find(r => r.dataset.node === {json.dumps(name)})"
 
 
+@FLEET4
 def test_the_fleet_page_lists_the_four_agents(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
@@ -521,6 +528,7 @@ def test_the_fleet_page_lists_the_four_agents(browser: Any, fleet4: Fleet4, tmp_
     assert (w.dialogs, w.errors) == ([], [])
 
 
+@FLEET4
 def test_the_hostile_name_is_shown_as_text_and_runs_nothing(browser: Any, fleet4: Fleet4) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
@@ -538,6 +546,7 @@ def test_the_hostile_name_is_shown_as_text_and_runs_nothing(browser: Any, fleet4
     assert (w.dialogs, w.errors) == ([], [])
 
 
+@FLEET4
 def test_the_node_page_shows_the_drawing(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
@@ -562,6 +571,7 @@ def test_the_node_page_shows_the_drawing(browser: Any, fleet4: Fleet4, tmp_path:
     assert (w.dialogs, w.errors) == ([], [])
 
 
+@FLEET4
 def test_an_unchanged_row_is_kept_across_polls(browser: Any, fleet4: Fleet4) -> None:
     """Only the ages are rewritten in place: a tooltip being read or text being selected in a row
     survives the page's next poll."""
@@ -577,6 +587,7 @@ def test_an_unchanged_row_is_kept_across_polls(browser: Any, fleet4: Fleet4) -> 
     assert (w.dialogs, w.errors) == ([], [])
 
 
+@FLEET4
 def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
@@ -600,6 +611,7 @@ def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4
     assert (w.dialogs, w.errors) == ([], [])
 
 
+@FLEET4
 def test_the_page_says_when_the_controller_is_gone(browser: Any, fleet4: Fleet4) -> None:
     """Last in the module: it stops the controller the other browser tests share."""
     w = Watched(browser)
