@@ -22,8 +22,3 @@ def pytest_configure(config: pytest.Config) -> None:
             f"shared fixtures not found under {SHARED} (missing {', '.join(map(str, missing))}); "
             "check out shared/ beside the repository or set MEMTOPO_SHARED")
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The lab's tests first: under ``pytest -n`` their boots hold one worker for minutes, which the
-    other workers fill with the rest of the suite meanwhile (started last, they would run alone)."""
-    items.sort(key=lambda item: item.get_closest_marker("lab") is None)

@@ -30,11 +30,14 @@ static_checks() {
   # Each synthesized host's host.py on its own: they share a module name, so not in one mypy run.
   for host in tests/fixtures/*/host.py; do .venv/bin/mypy --no-error-summary "$host"; done
 }
+# One worker per core; with the lab, one more: its worker mostly waits while QEMU runs the guest.
+workers=$(nproc)
+[[ "${MEMTOPO_LAB:-}" == 1 ]] && workers=$((workers + 1))
 t0=$SECONDS
 static_checks >"$static" 2>&1 &
 static_pid=$!
 pytest_rc=0
-timed pytest .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadgroup \
+timed pytest .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadgroup \
   --durations=20 "$@" || pytest_rc=$?
 static_rc=0
 wait "$static_pid" || static_rc=$?

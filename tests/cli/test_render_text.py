@@ -16,13 +16,13 @@ from memtopo.discovery.accelerators import id_order
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
-from tests.fixtures import HWLOC_LINUX, HWLOC_XML, extracted, hwloc_root
+from tests.fixtures import HWLOC_LINUX, HWLOC_XML, discovered, hwloc_root
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def synth(name: str) -> pb.MemoryTopology:
-    return discover(ProbeContext.at_root(extracted(FIXTURES / name / "root.tar.gz")))
+    return discovered(FIXTURES / name / "root.tar.gz")
 
 
 def section(text: str, title: str) -> list[str]:

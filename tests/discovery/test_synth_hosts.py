@@ -14,7 +14,7 @@ from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
 from memtopo.runner import RecordedRunner, ToolResult
 from memtopo.v1 import topology_pb2 as pb
-from tests.fixtures import extracted
+from tests.fixtures import discovered, extracted
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 UNIFIED = pb.MEMORY_DOMAIN_TYPE_UNIFIED
@@ -26,6 +26,8 @@ def root(name: str) -> Path:
 
 
 def topo(name: str, **kw: object) -> pb.MemoryTopology:
+    if not kw:
+        return discovered(FIXTURES / name / "root.tar.gz")
     return discover(ProbeContext.at_root(root(name), **kw))
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import xml.etree.ElementTree as ET
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
 from memtopo.draw.svg import compact_cpus, compact_ids, natural_key, topology_svg
 from memtopo.v1 import topology_pb2 as pb
-from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, extracted
+from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, discovered, extracted
 
 SVG = "{http://www.w3.org/2000/svg}"
 SYNTH = Path(__file__).parents[1] / "fixtures"
@@ -32,19 +31,6 @@ INPUTS = sorted(HWLOC_XML.glob("*.xml")) + sorted(HWLOC_LINUX.glob("*.tar.bz2"))
 
 def _id(p: Path) -> str:
     return p.parent.name if p.name == "root.tar.gz" else p.name
-
-
-@cache
-def topo_of(path: Path) -> pb.MemoryTopology:
-    """Discovered once per session; callers get their own copy to change."""
-    ctx = ProbeContext.at_root("/", hwloc_xml=path) if path.suffix == ".xml" else ProbeContext.at_root(extracted(path))
-    return discover(ctx)
-
-
-def fresh(path: Path) -> pb.MemoryTopology:
-    t = pb.MemoryTopology()
-    t.CopyFrom(topo_of(path))
-    return t
 
 
 def texts(root: ET.Element) -> list[str]:
@@ -61,7 +47,7 @@ def test_every_shared_capture_and_synthesized_host_is_an_input() -> None:
 
 @pytest.mark.parametrize("path", INPUTS, ids=_id)
 def test_drawing_is_well_formed_and_names_every_domain_accelerator_and_cxl_region(path: Path) -> None:
-    t = fresh(path)
+    t = discovered(path)
     svg = topology_svg(t)
     root = ET.fromstring(svg.encode())
     assert root.tag == f"{SVG}svg" and root.get("class") == "memtopo-drawing"
@@ -82,7 +68,7 @@ def test_drawing_is_well_formed_and_names_every_domain_accelerator_and_cxl_regio
 
 
 def test_cxl_lab_capture_draws_its_region_and_the_cpu_less_cxl_domain_apart() -> None:
-    t = fresh(LAB_CAPTURES / "dual-socket-cxl-tiered.tar.gz")
+    t = discovered(LAB_CAPTURES / "dual-socket-cxl-tiered.tar.gz")
     (region,) = t.cxl_regions
     root = ET.fromstring(topology_svg(t))
     (cxl,) = [d for d in t.domains if d.type == pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED]
@@ -98,7 +84,7 @@ def test_cxl_lab_capture_draws_its_region_and_the_cpu_less_cxl_domain_apart() ->
 
 
 def test_unified_superchip_domain_holds_its_gpu_inside_one_box() -> None:
-    t = fresh(SYNTH / "gh200" / "root.tar.gz")
+    t = discovered(SYNTH / "gh200" / "root.tar.gz")
     root = ET.fromstring(topology_svg(t))
     # The innermost group naming the domain also holds the GPU card and its C2C figure.
     holders = [g for g in root.iter(f"{SVG}g") if "domain 0" in texts(g)]
@@ -112,7 +98,7 @@ def test_unified_superchip_domain_holds_its_gpu_inside_one_box() -> None:
 
 
 def test_accelerators_sit_under_the_domain_they_are_local_to() -> None:
-    t = fresh(SYNTH / "ascend-a3-16npu" / "root.tar.gz")
+    t = discovered(SYNTH / "ascend-a3-16npu" / "root.tar.gz")
     root = ET.fromstring(topology_svg(t))
     for a in t.accelerators:
         # The innermost group holding both the card and a domain box is that domain's column.
@@ -122,7 +108,7 @@ def test_accelerators_sit_under_the_domain_they_are_local_to() -> None:
 
 
 def test_sixty_four_nodes_are_collapsed_to_a_matrix_and_stay_small() -> None:
-    t = fresh(SIXTY_FOUR)
+    t = discovered(SIXTY_FOUR)
     assert len(t.domains) == 64 and len(t.interconnects) == 2016
     svg = topology_svg(t)
     assert len(svg.encode()) < 2 * 1024 * 1024
@@ -135,14 +121,14 @@ def test_sixty_four_nodes_are_collapsed_to_a_matrix_and_stay_small() -> None:
 
 
 def test_sixty_four_accelerators_one_hive_reads_as_one_group() -> None:
-    t = fresh(SYNTH / "mi300x-8gpu-cpx-nps4" / "root.tar.gz")
+    t = discovered(SYNTH / "mi300x-8gpu-cpx-nps4" / "root.tar.gz")
     assert len(t.accelerators) == 64
     words = texts(ET.fromstring(topology_svg(t)))
     assert any(w.startswith("xgmi-hive: GPU0-63 (64") for w in words)
 
 
 def test_small_interconnect_is_a_graph_with_slit_and_hmat_labels() -> None:
-    t = fresh(LAB_CAPTURES / "dual-socket-cxl-tiered.tar.gz")
+    t = discovered(LAB_CAPTURES / "dual-socket-cxl-tiered.tar.gz")
     root = ET.fromstring(topology_svg(t))
     panel = [g for g in root.iter(f"{SVG}g") if "Interconnect between domains" in texts(g)][-1]
     words = texts(panel)
@@ -157,12 +143,12 @@ def test_small_interconnect_is_a_graph_with_slit_and_hmat_labels() -> None:
                                   "256ia64-64n2s2c.tar.bz2"])
 def test_same_topology_same_bytes_whatever_the_order_of_the_lists(name: str) -> None:
     path = next(p for p in INPUTS if _id(p) == name)
-    first = topology_svg(fresh(path))
+    first = topology_svg(discovered(path))
     # A second discovery of the same capture: nothing volatile (time, durations) reaches the picture.
     again = discover(ProbeContext.at_root("/", hwloc_xml=path) if path.suffix == ".xml"
                      else ProbeContext.at_root(extracted(path)))
     assert topology_svg(again) == first
-    shuffled = fresh(path)
+    shuffled = discovered(path)
     rng = random.Random(7)
     before = [d.id for d in shuffled.domains]
     for name in ("domains", "numa_nodes", "interconnects", "accelerator_links", "accelerator_groups", "sources",
@@ -191,7 +177,7 @@ HOSTILE = "<script>alert('x')</script> & \"q\" ]]> \x01\x1b[31m"
 
 
 def test_hostile_names_are_text_not_markup() -> None:
-    t = fresh(SYNTH / "gh200" / "root.tar.gz")
+    t = discovered(SYNTH / "gh200" / "root.tar.gz")
     t.node_name = HOSTILE
     t.accelerators[0].model = HOSTILE
     t.accelerators[0].health = HOSTILE

@@ -17,8 +17,6 @@ from hypothesis import strategies as st
 from jsonschema import Draft7Validator
 
 from memtopo.cli.main import main
-from memtopo.discovery.discover import discover
-from memtopo.discovery.source import ProbeContext
 from memtopo.hostfs import HostFS
 from memtopo.k8s.facts import DeviceGrant, KubeletFacts, MemoryGrant, PodResourcesView
 from memtopo.k8s.kubelet import KubeletConfigError, parse_quantity, read_kubelet_facts
@@ -32,7 +30,7 @@ from memtopo.k8s.nrt import (
 )
 from memtopo.k8s.quantity import format_bytes as quantity
 from memtopo.v1 import topology_pb2 as pb
-from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, extracted
+from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, discovered, extracted
 from tests.nrt_crd import assert_valid, nrt_schema, pruned, res, zone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,12 +40,6 @@ SYNTH = REPO / "tests" / "fixtures"
 # memtopo knows, so they are in no zone's resources.
 PLUGIN_NAMES = {"NVIDIA": "nvidia.com/gpu", "AMD": "amd.com/gpu", "Kunlunxin": "kunlunxin.com/xpu",
                 "Huawei": "huawei.com/Ascend910"}
-
-
-
-
-
-
 
 
 def _captures() -> list[tuple[str, str]]:
@@ -118,11 +110,10 @@ def test_a_field_the_crd_does_not_declare_would_be_pruned() -> None:
 
 def load(kind: str, name: str) -> tuple[pb.MemoryTopology, KubeletFacts]:
     if kind == "xml":
-        return discover(ProbeContext.at_root("/", hwloc_xml=HWLOC_XML / name)), KubeletFacts()
+        return discovered(HWLOC_XML / name), KubeletFacts()
     tarball = {"hwloc": HWLOC_LINUX / f"{name}.tar.bz2", "lab": LAB_CAPTURES / f"{name}.tar.gz",
                "synth": SYNTH / name / "root.tar.gz"}[kind]
-    root = extracted(tarball)
-    return discover(ProbeContext.at_root(root)), read_kubelet_facts(HostFS.at(root))
+    return discovered(tarball), read_kubelet_facts(HostFS.at(extracted(tarball)))
 
 
 def slit(topo: pb.MemoryTopology) -> dict[tuple[int, int], int]:
@@ -170,11 +161,7 @@ def test_nrt_is_valid_and_equals_the_topology(kind: str, name: str) -> None:
 
 
 def synth(name: str) -> pb.MemoryTopology:
-    return discover(ProbeContext.at_root(extracted(SYNTH / name / "root.tar.gz")))
-
-
-
-
+    return discovered(SYNTH / name / "root.tar.gz")
 
 
 def attrs(z: dict[str, Any]) -> dict[str, str]:
