@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from memtopo.agent.daemon import Agent as DaemonAgent
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
