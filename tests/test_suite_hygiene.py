@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,29 @@ def test_every_test_module_is_in_its_room() -> None:
                        and not (p.parent.parent == tests and p.parent.name in ROOMS))
     assert misplaced == []
     assert all((tests / room / "__init__.py").is_file() for room in ROOMS)
+
+
+GROUPED = """
+import pytest
+
+pytestmark = pytest.mark.xdist_group("one-at-a-time")
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_grouped(n: int) -> None:
+    pass
+"""
+
+
+def test_xdist_groups_hold(tmp_path: Path) -> None:
+    """What cannot run twice at once (the lab's boots, writes to one real IRQ, setup.sh against the
+    one .venv) relies on --dist loadgroup keeping an xdist_group on one worker. A pytest or
+    pytest-xdist release that breaks that breaks it silently: here it shows."""
+    (tmp_path / "test_planted.py").write_text(GROUPED)
+    (tmp_path / "test_alone.py").write_text("def test_a() -> None:\n    pass\n\n\ndef test_b() -> None:\n    pass\n")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                          "-v", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-3000:]
+    workers = {m.group(1) for m in re.finditer(r"\[(gw\d+)\].*PASSED .*test_grouped", res.stdout)}
+    assert len(re.findall(r"PASSED .*test_grouped\[\d\]@one-at-a-time", res.stdout)) == 6, res.stdout[-3000:]
+    assert len(workers) == 1, res.stdout[-3000:]

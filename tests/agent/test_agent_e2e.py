@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
 from tests.agents import Agent, Controller, certificates, copy_root, memtopo, pin_plan, set_node_memory, wait_for
 
 NEW_BDF = "0000:22:00.1"
@@ -133,8 +134,16 @@ def test_agent_and_controller_end_to_end(tmp_path: Path) -> None:
                 set_node_memory(root, 2, 1_000_000 + i * 4096)
                 os.kill(agent.proc.pid, signal.SIGHUP)  # type: ignore[union-attr]
                 controller.start()
-            with agent.channel() as ch:
-                latest = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=30)
+
+            # The newest generation is the one that saw the last change: a rescan asked for earlier
+            # may still be running when the loop ends, and publish after it.
+            def newest() -> pb.MemoryTopology | None:
+                with agent.channel() as ch:
+                    t = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=30)
+                node2 = next(n for n in t.numa_nodes if n.id == 2)
+                return t if node2.memory_bytes == (1_000_000 + 19 * 4096) * 1024 else None
+
+            latest = wait_for(newest, what="the agent's topology after the last change")
             assert latest.generation >= 3
             final = wait_for(lambda: (n := controller.node()) and n.generation == latest.generation and n,
                              what="controller at the latest generation")
