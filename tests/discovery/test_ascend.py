@@ -9,7 +9,7 @@ documented formats (tests/fixtures/ascend-*/README.md).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +38,10 @@ from memtopo.discovery.ascend import (
     running_npus,
     topo_affinity,
 )
-from memtopo.discovery.capture import open_root
 from memtopo.discovery.parts import AcceleratorPart
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from memtopo.runner import DEFAULT_TIMEOUT_S, RECORDED_TOOLS_DIR, RecordedRunner, ToolResult
-from tests.fixtures import SHARED
+from tests.fixtures import SHARED, extracted
 
 ASCEND = SHARED / "fixtures" / "ascend"
 ASCEND910 = SHARED / "fixtures" / "ascend910"
@@ -455,16 +454,15 @@ def test_classify_series(name: str, chips: int, series: str) -> None:
 
 
 # ---- synthesized hosts through probe -------------------------------------------------------------------
+# Extracted once and cached across runs (tests.fixtures.extracted): these tests only read the trees.
 @pytest.fixture(scope="module")
-def a2_root() -> Iterator[Path]:
-    with open_root(HOSTS / "ascend-a2-8x910b" / "root.tar.gz") as root:
-        yield root
+def a2_root() -> Path:
+    return extracted(HOSTS / "ascend-a2-8x910b" / "root.tar.gz")
 
 
 @pytest.fixture(scope="module")
-def a3_root() -> Iterator[Path]:
-    with open_root(HOSTS / "ascend-a3-16npu" / "root.tar.gz") as root:
-        yield root
+def a3_root() -> Path:
+    return extracted(HOSTS / "ascend-a3-16npu" / "root.tar.gz")
 
 
 def pci_local_cpus(root: Path, bdf: str) -> tuple[int, ...]:

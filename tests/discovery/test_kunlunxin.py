@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import kunlunxin
-from memtopo.discovery.capture import open_root
 from memtopo.discovery.kunlunxin import (
     AsymmetricLink,
     XpuSmiError,
@@ -35,7 +34,7 @@ from memtopo.discovery.kunlunxin import (
 from memtopo.discovery.parts import AcceleratorPart, AccelLink
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from memtopo.runner import DEFAULT_TIMEOUT_S, RecordedRunner, Runner, ToolResult
-from tests.fixtures import SHARED
+from tests.fixtures import SHARED, extracted
 from tests.sysfs_tree import write_tree
 
 FIX = SHARED / "fixtures" / "kunlunxin"
@@ -233,10 +232,10 @@ def test_numa_groups(indices: Sequence[int], nodes: dict[int, int], want: tuple[
 
 
 # ---- the synthesized host ------------------------------------------------------------------------------
+# Extracted once and cached across runs (tests.fixtures.extracted): these tests only read the tree.
 @pytest.fixture(scope="module")
-def host_root() -> Iterator[Path]:
-    with open_root(HOST / "root.tar.gz") as root:
-        yield root
+def host_root() -> Path:
+    return extracted(HOST / "root.tar.gz")
 
 
 @dataclass

@@ -7,12 +7,11 @@ written from those sources (node numbering, SLIT rule, GPU↔Grace placement), n
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -23,7 +22,6 @@ from hypothesis import strategies as st
 
 from memtopo.cpulist import parse_cpulist
 from memtopo.discovery import nvidia, presence, probes
-from memtopo.discovery.capture import open_root
 from memtopo.discovery.nvidia import (
     NumaStatus,
     attribute_mig_placeholders,
@@ -37,7 +35,7 @@ from memtopo.discovery.nvml_replay import parse_nvml_replay
 from memtopo.discovery.parts import AccelDevice, AcceleratorPart, AccelLink, SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from memtopo.pci import normalize_bdf
-from tests.fixtures import hwloc_root
+from tests.fixtures import extracted, hwloc_root
 from tests.strategies import json_like
 from tests.synth import fixture_files, tree
 from tests.sysfs_tree import Link, write_tree
@@ -60,10 +58,10 @@ def _load_grace() -> ModuleType:
 grace = _load_grace()
 
 
+# Extracted once and cached across runs (tests.fixtures.extracted): tests that change files copy them.
 @pytest.fixture(scope="module")
-def roots() -> Iterator[dict[str, Path]]:
-    with contextlib.ExitStack() as stack:
-        yield {name: stack.enter_context(open_root(FIXTURES / name / "root.tar.gz")) for name in HOSTS}
+def roots() -> dict[str, Path]:
+    return {name: extracted(FIXTURES / name / "root.tar.gz") for name in HOSTS}
 
 
 def run(root: Path, **kw: Any) -> ProbeResult[AcceleratorPart]:
