@@ -32,7 +32,7 @@ from tests.fixtures import REPO
 # `memtopo serve` with discovery made to hang from its second run on: a probe stuck in the kernel
 # (a wedged driver, a hung mount) stands in as a thread that never returns.
 HANGING_DISCOVERY = r"""
-import sys, threading
+import os, sys, threading
 import memtopo.agent.daemon, memtopo.discovery.isolated
 real, real_argv = memtopo.agent.daemon.discover, memtopo.discovery.isolated.child_argv
 runs = []
@@ -44,7 +44,8 @@ def discover(ctx):  # discovery on a thread (discovery.isolate = false)
 def child_argv(root):  # discovery in a child process (the default)
     runs.append(1)
     if len(runs) > 1:
-        return [sys.executable, "-c", "import time; time.sleep(3600)  # memtopo-hung-discovery"]
+        # Marked with the agent's pid: other agents' hung children (parallel tests) are not this one's.
+        return [sys.executable, "-c", f"import time; time.sleep(3600)  # memtopo-hung-discovery {os.getpid()}"]
     return real_argv(root)
 memtopo.agent.daemon.discover = discover
 memtopo.discovery.isolated.child_argv = child_argv
@@ -103,14 +104,16 @@ def test_a_hung_rescan_is_reported_and_sigterm_still_exits(workdir: Path, root: 
         rc = agent.stop(timeout=60)
     assert rc == 0
     assert agent.events("agent_stopped")
-    assert not hung_discovery_children()  # a child process is killed at the stop, not left behind
+    assert not hung_discovery_children(agent.process.pid)  # killed at the stop, not left behind
 
 
-def hung_discovery_children() -> list[int]:
+def hung_discovery_children(agent_pid: int) -> list[int]:
+    """The hung discovery children that the agent ``agent_pid`` started, wherever they were reparented."""
+    mark = f"memtopo-hung-discovery {agent_pid}".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
-            if b"memtopo-hung-discovery" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if mark + b"\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(int(pid))
     return found
 
