@@ -140,8 +140,10 @@ def test_xdist_groups_hold(tmp_path: Path) -> None:
     pytest-xdist release that breaks that breaks it silently: here it shows."""
     (tmp_path / "test_planted.py").write_text(GROUPED)
     (tmp_path / "test_alone.py").write_text("def test_a() -> None:\n    pass\n\n\ndef test_b() -> None:\n    pass\n")
-    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
-                          "-v", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    # xdist alone: the other plugins (hypothesis …) only cost each worker its start-up.
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist.plugin", "-n", "2",
+                          "--dist", "loadgroup", "-v", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600, check=False, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert res.returncode == 0, res.stdout[-3000:]
     workers = {m.group(1) for m in re.finditer(r"\[(gw\d+)\].*PASSED .*test_grouped", res.stdout)}
     assert len(re.findall(r"PASSED .*test_grouped\[\d\]@one-at-a-time", res.stdout)) == 6, res.stdout[-3000:]
