@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from memtopo import __version__
-from memtopo.addresses import AddressError, AddressInUseError, check_free
+from memtopo.addresses import AddressError
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
 from memtopo.backoff import Backoff
@@ -35,6 +35,7 @@ from memtopo.discovery.isolated import discover_in_child
 from memtopo.discovery.source import ProbeContext
 from memtopo.grpcserve import grpc_server
 from memtopo.logs import Throttle, get_logger
+from memtopo.ports import AddressInUseError, check_free
 from memtopo.v1 import topology_pb2 as pb
 
 from . import peers, transport

@@ -1,6 +1,6 @@
 """Real agent and controller processes for the agent benchmarks (bench/rpc.py, watch.py, footprint.py).
 
-The same shape as tests/test_agent_e2e.py: ``memtopo serve`` (``python -m agent.cli``) on a captured
+The same shape as tests/agent/test_agent_e2e.py: ``memtopo serve`` (``python -m agent.cli``) on a captured
 root with a TOML config written to a temporary directory, ready when ``/readyz`` says 200; the
 reference controller as ``memtopo controller serve`` on a free loopback port, ready when
 grpc.health answers SERVING. Both are stopped with SIGTERM (killed if they do not exit within 30 s).

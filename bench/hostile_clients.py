@@ -44,7 +44,7 @@ import grpc  # noqa: E402
 from bench.agentproc import AgentProcess, AgentSpec, copy_root, fixture_root, memory_kib  # noqa: E402
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402
 from memtopo.v1 import agent_pb2_grpc  # noqa: E402
-from tests.test_agent_e2e import set_node_memory  # noqa: E402
+from tests.agents import set_node_memory  # noqa: E402
 
 TARGET_P99_MS = 50.0
 

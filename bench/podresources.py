@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fixtures import LAB_CAPTURES  # noqa: E402
-from tests.test_k8s_kubelet import HUGE_LIST  # noqa: E402
+from tests.k8s.test_k8s_kubelet import HUGE_LIST  # noqa: E402
 
 CLIENT_TARGET = 5.0
 AGENT_TARGET_MIB = 256

@@ -58,7 +58,7 @@ from bench.agentproc import (  # noqa: E402
 )
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402
 from memtopo.v1 import agent_pb2_grpc  # noqa: E402
-from tests.test_agent_e2e import set_node_memory  # noqa: E402
+from tests.agents import set_node_memory  # noqa: E402
 
 TARGET_P99_MS = 50.0
 NODE_NAME = "bench-node"

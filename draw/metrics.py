@@ -1,6 +1,6 @@
 """Advance widths of DejaVu Sans and DejaVu Sans Bold, in font units (UNITS_PER_EM to the em), for the
 characters the drawing writes. Written by tools/font_metrics.py from the fonts' own tables; the
-drawing sizes every text with them, and tests/test_draw_svg.py checks its boxes with them."""
+drawing sizes every text with them, and tests/draw/test_draw_svg.py checks its boxes with them."""
 
 from typing import Final
 

@@ -10,12 +10,17 @@ from functools import cache
 from pathlib import Path
 
 from memtopo.discovery.capture import extract, find_root
+from memtopo.discovery.discover import discover
+from memtopo.discovery.source import ProbeContext
+from memtopo.v1 import topology_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MEMTOPO_SHARED", REPO.parent / "shared"))
 HWLOC_LINUX = SHARED / "fixtures" / "hwloc" / "linux"
 HWLOC_XML = SHARED / "fixtures" / "hwloc" / "xml"
 LAB_CAPTURES = SHARED / "lab" / "captures"
+# The synthesized hosts (tests/fixtures/<host>/root.tar.gz, built by tests/synth.py).
+SYNTH = REPO / "tests" / "fixtures"
 _CACHE = Path(os.environ.get("MEMTOPO_FIXTURE_CACHE", "/tmp/memtopo-fixture-cache"))
 
 
@@ -59,3 +64,15 @@ def hwloc_test_env(test_name: str) -> dict[str, str]:
         (val,) = shlex.split(value) or [""]
         env[key.strip()] = val
     return env
+
+
+@cache
+def _discovered(path: Path) -> bytes:
+    ctx = ProbeContext.at_root("/", hwloc_xml=path) if path.suffix == ".xml" else ProbeContext.at_root(extracted(path))
+    return discover(ctx).SerializeToString()
+
+
+def discovered(path: Path) -> pb.MemoryTopology:
+    """The topology of a fixture (a capture tarball or an hwloc XML export), discovered once per test
+    process for every module that reads it; each call returns a copy of its own to change."""
+    return pb.MemoryTopology.FromString(_discovered(path))

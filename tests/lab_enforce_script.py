@@ -1,4 +1,4 @@
-"""The CPU enforcement's lab scenarios, run *inside* one numa-vm guest (tests/test_lab_enforce.py boots
+"""The CPU enforcement's lab scenarios, run *inside* one numa-vm guest (tests/agent/test_lab_enforce.py boots
 it, once with cgroup v1 and once with v2): a real containerd in the guest, on a kernel with several
 NUMA nodes (``dual-socket-cxl``: CPUs 0-1 on node 0, 2-3 on node 1, node 2 memory without CPUs).
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,13 @@ from hypothesis import strategies as st
 
 from tests.fixtures import REPO
 
-TESTS = sorted((REPO / "tests").glob("*.py"))
+# Every test and helper module (the synthesized hosts under tests/fixtures/ are data, not tests).
+TESTS = sorted(p for p in (REPO / "tests").rglob("*.py") if (REPO / "tests" / "fixtures") not in p.parents)
+# Test modules by room: tests/<floor>/ for each floor of the package (the README's Layout), plus
+# tests/deploy/ (systemd unit, Kubernetes manifests). At the top of tests/: the tests of the
+# repository as a whole, and the helpers that several rooms share.
+ROOMS = ("ground", "discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "cli", "deploy")
+HOUSE_TESTS = ("test_layering.py", "test_suite_hygiene.py", "test_tools_scripts.py", "test_synth_fixtures.py")
 # `assert <clock>() - t0 < X`: an upper bound on elapsed time, which a loaded machine misses.
 ELAPSED_UPPER_BOUND = re.compile(r"assert\b.*\b(perf_counter|monotonic|time)\(\)\s*-\s*\w+\s*<")
 A_DEADLINE = re.compile(r"\bsettings\(.*\bdeadline\s*=\s*(?!None\b)")
@@ -30,7 +38,8 @@ def test_a_test_with_its_own_settings_inherits_no_deadline(n: int) -> None:
 
 
 def test_no_test_sets_a_deadline_or_bounds_elapsed_time() -> None:
-    found = [f"{path.name}:{n}: {line.strip()}"
+    assert REPO / "tests" / "agent" / "test_agent_e2e.py" in TESTS  # the rooms are read too
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
              for path in TESTS if path.name != "test_suite_hygiene.py"
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if ELAPSED_UPPER_BOUND.search(line) or A_DEADLINE.search(line)]
@@ -101,3 +110,41 @@ def test_source_files_state_facts_not_citations() -> None:
              for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
              if CITATION.search(line)]
     assert found == []
+
+
+def test_every_test_module_is_in_its_room() -> None:
+    """A new test module goes into the room of the floor it tests (tests/README.md)."""
+    tests = REPO / "tests"
+    misplaced = sorted(str(p.relative_to(REPO)) for p in TESTS if p.name.startswith("test_")
+                       and not (p.parent == tests and p.name in HOUSE_TESTS)
+                       and not (p.parent.parent == tests and p.parent.name in ROOMS))
+    assert misplaced == []
+    assert all((tests / room / "__init__.py").is_file() for room in ROOMS)
+
+
+GROUPED = """
+import pytest
+
+pytestmark = pytest.mark.xdist_group("one-at-a-time")
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_grouped(n: int) -> None:
+    pass
+"""
+
+
+def test_xdist_groups_hold(tmp_path: Path) -> None:
+    """What cannot run twice at once (the lab's boots, writes to one real IRQ, setup.sh against the
+    one .venv) relies on --dist loadgroup keeping an xdist_group on one worker. A pytest or
+    pytest-xdist release that breaks that breaks it silently: here it shows."""
+    (tmp_path / "test_planted.py").write_text(GROUPED)
+    (tmp_path / "test_alone.py").write_text("def test_a() -> None:\n    pass\n\n\ndef test_b() -> None:\n    pass\n")
+    # xdist alone: the other plugins (hypothesis …) only cost each worker its start-up.
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist.plugin", "-n", "2",
+                          "--dist", "loadgroup", "-v", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600, check=False, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert res.returncode == 0, res.stdout[-3000:]
+    workers = {m.group(1) for m in re.finditer(r"\[(gw\d+)\].*PASSED .*test_grouped", res.stdout)}
+    assert len(re.findall(r"PASSED .*test_grouped\[\d\]@one-at-a-time", res.stdout)) == 6, res.stdout[-3000:]
+    assert len(workers) == 1, res.stdout[-3000:]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from memtopo import __version__
 from tests.fixtures import REPO
@@ -37,10 +40,19 @@ def test_no_lab_under_memtopo_shared_means_no_lab_tests(tmp_path: Path) -> None:
 
 
 def setup(bin_dir: Path) -> subprocess.CompletedProcess[str]:
+    """tools/setup.sh for real, against this checkout's .venv. Set up already (tools/test.sh runs
+    setup first), it only links; with a stale .venv it would reinstall the package under the tests
+    running beside it, so that is refused here instead."""
+    stamp = REPO / ".venv" / ".memtopo-setup"
+    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    if not stamp.is_file() or stamp.read_text().strip() != want:
+        pytest.fail("pyproject.toml changed since .venv was set up: run `bash tools/setup.sh` first")
     return subprocess.run(["bash", "tools/setup.sh"], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MEMTOPO_BIN_DIR": str(bin_dir), "MEMTOPO_LINK": "1"}, check=False)
 
 
+# Each runs setup.sh against the one .venv: one at a time, on one xdist worker.
+@pytest.mark.xdist_group("tools-setup")
 def test_setup_puts_memtopo_on_path_and_it_answers_version(tmp_path: Path) -> None:
     """The README's `memtopo …` works after its setup command: setup links this checkout's entry point
     into the bin directory (a stand-in for /usr/local/bin here, so the test leaves the host alone)."""
@@ -53,6 +65,7 @@ def test_setup_puts_memtopo_on_path_and_it_answers_version(tmp_path: Path) -> No
     assert (ran.returncode, ran.stdout) == (0, f"memtopo {version}\n"), ran.stderr
 
 
+@pytest.mark.xdist_group("tools-setup")
 def test_setup_relinks_another_checkout_but_leaves_a_foreign_memtopo_alone(tmp_path: Path) -> None:
     link = tmp_path / "memtopo"
     link.symlink_to("/gone/clone/.venv/bin/memtopo")  # an older checkout's link: the last setup wins
@@ -65,6 +78,7 @@ def test_setup_relinks_another_checkout_but_leaves_a_foreign_memtopo_alone(tmp_p
     assert "left alone" in res.stderr
 
 
+@pytest.mark.xdist_group("tools-setup")
 def test_setup_says_how_when_it_cannot_write_the_bin_directory(tmp_path: Path) -> None:
     res = setup(tmp_path / "missing")
     assert res.returncode == 0

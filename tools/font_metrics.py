@@ -71,7 +71,7 @@ def main() -> None:
     assert per_em == bold_em
     print('"""Advance widths of DejaVu Sans and DejaVu Sans Bold, in font units (UNITS_PER_EM to the em), for the')
     print("characters the drawing writes. Written by tools/font_metrics.py from the fonts' own tables; the")
-    print('drawing sizes every text with them, and tests/test_draw_svg.py checks its boxes with them."""')
+    print('drawing sizes every text with them, and tests/draw/test_draw_svg.py checks its boxes with them."""')
     print()
     print("from typing import Final")
     print()

@@ -4,6 +4,9 @@
 lab="${MEMTOPO_SHARED:-../shared}/lab/numa-vm"
 if [[ -x "$lab" && "${MEMTOPO_LAB:-1}" != 0 ]]; then
   # The lab boots a real multi-NUMA kernel under QEMU; its setup installs qemu/ndctl from Debian.
-  "$lab" setup >/tmp/memtopo-lab-setup.log 2>&1 || { cat /tmp/memtopo-lab-setup.log; exit 1; }
+  # Its log goes to a file of this run's own: other checkouts' test runs may be setting up beside it.
+  lab_log=$(mktemp -t memtopo-lab-setup.XXXXXX)
+  "$lab" setup >"$lab_log" 2>&1 || { cat "$lab_log"; rm -f "$lab_log"; exit 1; }
+  rm -f "$lab_log"
   export MEMTOPO_LAB=1
 fi

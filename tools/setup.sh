@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (Python >= 3.12: pyhwloc needs it) with memtopo, its Kubernetes extra and its dev tools.
+# Creates .venv (Python >= 3.12: pyhwloc needs it) with memtopo, its Kubernetes extra and its dev tools
+# (installed by uv, or pip where uv cannot be had).
 # Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,12 +34,19 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   py=$(find_python)
   [[ -x .venv/bin/python ]] || "$py" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
   # setuptools installs this flat layout (memtopo/ at the root, beside the floors it links) editable
   # through an import finder, and says that a memtopo/ folder in the current directory would take
   # precedence over it. Here that folder is the one the finder points to: the same files either way,
   # so the notice says nothing about this checkout and is filtered by its text (nothing else is).
-  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e '.[dev,k8s]'
+  export PYTHONWARNINGS="ignore:Editable installation"
+  # uv (PyPI's Rust installer) resolves and installs the dependencies several times faster than
+  # pip; it compiles their bytecode as pip does. pip remains where uv cannot be had.
+  if ! { .venv/bin/python -m pip install -q uv &&
+         .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -e '.[dev,k8s]'; }; then
+    echo "tools/setup.sh: uv unavailable or failed; installing with pip" >&2
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[dev,k8s]'
+  fi
   echo "$want" > "$stamp"
 fi
 # Put `memtopo` on PATH, as the README writes it: a link in /usr/local/bin (or $MEMTOPO_BIN_DIR) to this

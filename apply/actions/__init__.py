@@ -1,6 +1,6 @@
 """The action kinds, by the PlanAction oneof that names them. Each kind's module holds its target,
 its check and its step (apply/actions/base.py ``ActionKind``); a new kind is one module and one
-entry here (tests/test_apply_actions.py checks every oneof has one)."""
+entry here (tests/apply/test_apply_actions.py checks every oneof has one)."""
 
 from __future__ import annotations
 
