@@ -101,7 +101,11 @@ class Output:
         return out
 
     def field(self, event: str, key: str) -> str | None:
-        """``key=value`` of a console-rendered event (the controller logs for a terminal)."""
+        """``key`` of the first event called ``event``: a JSON event (the default), or ``key=value`` of a
+        console-rendered one (``--log-format console``)."""
+        for ev in self.events(event):
+            if key in ev:
+                return str(ev[key])
         for line in list(self.lines):
             if m := re.search(rf"\b{event}\b.*\b{key}=(\S+)", line):
                 return m.group(1)

@@ -145,7 +145,8 @@ def test_an_empty_cpu_set_is_refused_not_sent(containerd: Containerd) -> None:
 def test_no_socket(tmp_path: Path) -> None:
     with pytest.raises(cri.CriError) as err:
         cri.CriClient(f"unix://{tmp_path}/none.sock")
-    assert err.value.code == "NO_SOCKET" and "none.sock" in err.value.reason
+    # The reason quotes a shortened path: how much of it shows depends on where the test runs.
+    assert err.value.code == "NO_SOCKET" and err.value.reason.startswith("no socket at /")
 
 
 def test_not_a_socket(tmp_path: Path) -> None:
