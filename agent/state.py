@@ -94,16 +94,21 @@ class TopologyState:
     def add_listener(self, callback: Callable[[Published], None]) -> None:
         self._listeners.append(callback)
 
-    def publish(self, topo: pb.MemoryTopology) -> Published | None:
+    def publish(self, topo: pb.MemoryTopology, payload: bytes | None = None) -> Published | None:
         """Publish ``topo`` as the next generation if its fingerprint differs; None when unchanged.
 
-        ``topo`` is owned by the state from here on (it is served as is to every reader)."""
+        ``payload``: ``topo`` as serialized where it was made (the discovery child), sent as it is
+        when it already carries the next generation. ``topo`` is owned by the state from here on
+        (it is served as is to every reader)."""
         if self.current is not None and topo.fingerprint == self.current.fingerprint:
             self.rescans += 1
             self._wake()
             return None
-        topo.generation = self.generation + 1
-        pub = Published(topo, topo.SerializeToString(), topo.generation, topo.fingerprint)
+        generation = self.generation + 1
+        if payload is None or topo.generation != generation:
+            topo.generation = generation
+            payload = topo.SerializeToString()
+        pub = Published(topo, payload, generation, topo.fingerprint)
         self.current = pub
         self._wake()
         for callback in self._listeners:

@@ -13,6 +13,7 @@ import structlog
 from memtopo.agent.config import load_config
 from memtopo.agent.daemon import EXIT_FAILURE, EXIT_OK, Agent
 from memtopo.agent.sdnotify import Notifier
+from memtopo.discovery.changes import Change
 from tests.fixtures import lab_root
 
 
@@ -43,9 +44,9 @@ def test_a_rescan_loop_that_dies_stops_the_agent_with_a_failure(tmp_path: Path,
     agent = _agent(tmp_path)
     real = Agent._discover_and_publish
 
-    async def discover_once(self: Agent, ctx: Any, reason: str) -> None:
-        if reason == "start":
-            await real(self, ctx, reason)
+    async def discover_once(self: Agent, ctx: Any, change: Change) -> None:
+        if change.reasons == ("start",):
+            await real(self, ctx, change)
             return
         raise RuntimeError("bug in a rescan")
 

@@ -35,24 +35,21 @@ from tests.test_agent_e2e import _certs, copy_root, free_port, pin_plan, wait_fo
 from tests.test_agent_transport import Holder, settles_at
 
 # `memtopo serve` with discovery made to hang from its second run on: a probe stuck in the kernel
-# (a wedged driver, a hung mount) stands in as a thread that never returns.
+# (a wedged driver, a hung mount) stands in as a thread that never returns. On a thread of the agent
+# (discovery.isolate = false) the Rescanner is replaced in the agent; in the helper's children (the
+# default) the helper is tests/helper_standin.py, the real one with the same replacement.
 HANGING_DISCOVERY = r"""
 import sys, threading
-import memtopo.agent.daemon, memtopo.discovery.isolated
-real, real_argv = memtopo.agent.daemon.discover, memtopo.discovery.isolated.child_argv
+import memtopo.discovery.discover, memtopo.discovery.isolated
+real = memtopo.discovery.discover.Rescanner.discover
 runs = []
-def discover(ctx):  # discovery on a thread (discovery.isolate = false)
+def discover(self, *args, **kwargs):  # discovery on a thread (discovery.isolate = false)
     runs.append(1)
     if len(runs) > 1:
         threading.Event().wait()
-    return real(ctx)
-def child_argv(root):  # discovery in a child process (the default)
-    runs.append(1)
-    if len(runs) > 1:
-        return [sys.executable, "-c", "import time; time.sleep(3600)  # memtopo-hung-discovery"]
-    return real_argv(root)
-memtopo.agent.daemon.discover = discover
-memtopo.discovery.isolated.child_argv = child_argv
+    return real(self, *args, **kwargs)
+memtopo.discovery.discover.Rescanner.discover = discover
+memtopo.discovery.isolated.helper_argv = lambda: [sys.executable, "-m", "tests.helper_standin", "hang-from-2"]
 from memtopo.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -161,14 +158,16 @@ def test_a_hung_rescan_is_reported_and_sigterm_still_exits(workdir: Path, root: 
         rc = agent.stop(timeout=60)
     assert rc == 0
     assert agent.events("agent_stopped")
-    assert not hung_discovery_children()  # a child process is killed at the stop, not left behind
+    # The helper and its hung child are killed at the stop, not left behind (a zombie, which has no
+    # command line, is dead: the child's is reaped by whoever adopted it once its helper died).
+    wait_for(lambda: not hung_discovery_children(), what="discovery processes gone")
 
 
 def hung_discovery_children() -> list[int]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
-            if b"memtopo-hung-discovery" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"tests.helper_standin" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(int(pid))
     return found
 
