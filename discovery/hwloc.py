@@ -338,6 +338,19 @@ def _library_version(api: _Api) -> str:
     return api.library_version
 
 
+def prepare() -> None:
+    """What a process's first load needs, done now: pyhwloc's bindings resolved and the library's
+    version read from a one-PU synthetic topology, loaded without plugins and freed at once. A
+    process that forks discoveries (discovery/isolated.py) does it once for all its children; no
+    topology and no plugin stays loaded. A broken library is left for the probe to report."""
+    try:
+        api = _api()
+    except Exception:  # ImportError, or RuntimeError for a wrong libhwloc API version
+        return
+    with _LOAD_LOCK, environment({"HWLOC_PLUGINS_BLACKLIST": api.plugin_blacklist}):
+        _library_version(api)
+
+
 def _load(api: _Api, src: _Input) -> tuple[ctypes.c_void_p, str]:
     """Called with _LOAD_LOCK held."""
     if not api.library_version:

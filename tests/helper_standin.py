@@ -1,5 +1,5 @@
 """A stand-in for the discovery helper whose discoveries misbehave on cue: the real helper
-(``memtopo.discovery.isolated``) with ``Rescanner.discover`` replaced in it before its first fork, so
+(``memtopo.discovery.helper``) with ``Rescanner.discover`` replaced in it before its first fork, so
 every child it forks runs the replacement. Tests point ``isolated.helper_argv`` here.
 
     python -m tests.helper_standin MODE [PIDFILE]
@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from memtopo.discovery import discover, isolated
+from memtopo.discovery import discover, helper
 
 RUNS = [0]  # discoveries asked of this helper: each child inherits the count before its own
 
@@ -39,20 +39,20 @@ def misbehave(mode: str, pidfile: str | None) -> None:
         return real(self, *args, **kwargs)
 
     discover.Rescanner.discover = replacement  # type: ignore[method-assign]
-    answer = isolated._Helper.answer
+    answer = helper.Helper.answer
 
-    def counted(self: isolated._Helper, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    def counted(self: helper.Helper, asked: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         try:
-            return answer(self, request)
+            return answer(self, asked)
         finally:
             RUNS[0] += 1
 
-    isolated._Helper.answer = counted  # type: ignore[method-assign]
+    helper.Helper.answer = counted  # type: ignore[method-assign]
 
 
 def main() -> int:
     misbehave(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
-    return isolated.main([])
+    return helper.main([])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Discovery in the helper's forked children (the agent's way): the same topology as in-process, and
+"""Discovery in the discovery helper's forked children (the agent's way): the same topology as in-process, and
 nothing of it outlives a discovery that failed — not its libraries in the agent, not a child that
 hangs, not a helper that garbles. The misbehaving helpers are tests/helper_standin.py (the real
 helper with its discovery replaced) or a few lines of Python in its place."""
@@ -219,7 +219,7 @@ def test_a_helper_that_died_between_discoveries_is_started_again() -> None:
 
 def test_the_helper_answers_a_bad_request_and_serves_on() -> None:
     frame = struct.Struct(">I")
-    proc = subprocess.Popen([sys.executable, "-m", "memtopo.discovery.isolated"], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "memtopo.discovery.helper"], cwd=REPO,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
 
