@@ -479,6 +479,9 @@ def _closes(step: Step | None) -> bool:
     return step is not None and not step.groupable and not step.independent
 
 
+_STATUS_NAMES: dict[int, str] = {s: S.Status.Name(s) for s in (S.STATUS_APPLIED, S.STATUS_UNCHANGED)}
+
+
 def _join(a: str, b: str) -> str:
     return f"{a}; {b}" if a else b
 
@@ -498,10 +501,13 @@ class _Run:
         self.node_name = node_name
         self.started_at = started
         self.results = results
+        # The actions' ids, read out of the plan once (each read of a protobuf field builds a value).
+        self.ids = [a.id for a in plan.actions]
         self.journal: JournalWriter | None = None
         # True once the first write (begin + undo) is in the journal and the plan marked pending.
         self.journaled = False
-        self.done: list[dict[str, str]] = []
+        # (action id, status) of the actions applied since the last "done" records were written.
+        self.done: list[tuple[str, int]] = []
         # Actions whose changes began, in order, with their undo.
         self.started: list[tuple[int, Prepared]] = []
         # State directory writes that failed while restoring or finishing (said in the message).
@@ -565,7 +571,8 @@ class _Run:
             prepared.append((k, p))
             if p.changes and left[step.kind]:
                 step.predict(overlay)
-        entries = [(k, actions[k].id, p.undo) for k, p in prepared if p.undo]
+        ids = self.ids
+        entries = [(k, ids[k], p.undo) for k, p in prepared if p.undo]
         if entries:
             try:
                 if self.journal is None:
@@ -589,14 +596,14 @@ class _Run:
 
     def _apply_one(self, k: int, p: Prepared, steps: Sequence[Step | None]) -> int | planpb.PlanResult | None:
         """Apply one prepared action; None to go on with the group, else what group returns."""
-        action, step = self.plan.actions[k], steps[k]
+        step, aid, hook = steps[k], self.ids[k], self.hook
         assert step is not None
-        if self.hook is not None:
-            self.hook("before_action", action)
+        if hook is not None:
+            hook("before_action", self.plan.actions[k])
         if not p.changes and not p.run_anyway:
-            self.results[k] = _result(action.id, S.STATUS_UNCHANGED, "", p.before, p.after, p.details)
-            if self.hook is not None:
-                self.hook("after_action", action)
+            self.results[k] = _result(aid, S.STATUS_UNCHANGED, "", p.before, p.after, p.details)
+            if hook is not None:
+                hook("after_action", self.plan.actions[k])
             return None
         self.started.append((k, p))
         try:
@@ -605,26 +612,27 @@ class _Run:
             self._undo_in_place(k, p, f"{exc}", failed=False)
             return k + 1  # later steps of the group predicted this one: prepare them again
         except ActionError as exc:
-            if action.required:
+            if self.plan.actions[k].required:
                 return self.fail(k, str(exc))
             self._undo_in_place(k, p, f"failed: {exc}")
             return k + 1
         except Exception as exc:  # a bug must not leave the host half-changed: restore all
             return self.fail(k, f"internal error: {type(exc).__name__}: {exc}")
         status = S.STATUS_UNCHANGED if done.unchanged else S.STATUS_APPLIED
-        self.results[k] = _result(action.id, status, "", p.before, done.after, done.details)
-        self.done.append({"t": "done", "action": action.id, "status": S.Status.Name(status)})
-        if self.hook is not None:
+        self.results[k] = _result(aid, status, "", p.before, done.after, done.details)
+        self.done.append((aid, status))
+        if hook is not None:
             self._flush_done()  # a hook may stop the process here: keep the record
-            self.hook("after_action", action)
+            hook("after_action", self.plan.actions[k])
         return None
 
     def _flush_done(self) -> None:
         """"done" records are informational (recovery restores every undo record either way): one
         write per group, not per action."""
         if self.done:
-            records, self.done = self.done, []
-            self._write(records)
+            done, self.done = self.done, []
+            if self.journal is not None and self.journaled:
+                self.journal.done([(aid, _STATUS_NAMES[status]) for aid, status in done])
 
     def _undo_in_place(self, k: int, p: Prepared, reason: str, failed: bool = True) -> None:
         """An optional action that could not complete: put back what it changed, skip it."""

@@ -26,6 +26,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.roots import set_node_memory
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
@@ -69,14 +70,6 @@ def hot_add_pci(root: Path) -> None:
     parent = root / "sys/devices/pci0000:20/0000:20:01.0"
     shutil.copytree(parent / "0000:22:00.0", parent / NEW_BDF, symlinks=True)
     (root / "sys/bus/pci/devices" / NEW_BDF).symlink_to(f"../../../devices/pci0000:20/0000:20:01.0/{NEW_BDF}")
-
-
-def set_node_memory(root: Path, node: int, kib: int) -> None:
-    """Onlining memory blocks raises the node's MemTotal."""
-    meminfo = root / f"sys/devices/system/node/node{node}/meminfo"
-    lines = meminfo.read_text().splitlines()
-    out = [f"Node {node} MemTotal:       {kib} kB" if " MemTotal:" in ln else ln for ln in lines]
-    meminfo.write_text("\n".join(out) + "\n")
 
 
 class Agent:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.roots import set_node_memory
 from memtopo.discovery import changes, isolated
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import REPO, lab_root
-from tests.test_agent_e2e import set_node_memory
 
 
 def _standin(monkeypatch: pytest.MonkeyPatch, mode: str, pidfile: Path | None = None) -> None:
