@@ -283,6 +283,15 @@ def _input_of(ctx: ProbeContext) -> _Input:
     return _Input("fsroot", str(ctx.fs.root), env)
 
 
+def load_setup(ctx: ProbeContext, default_plugins: bool = False) -> tuple[str, str, Mapping[str, str]]:
+    """How the probe has hwloc load ``ctx``: the input's kind (xml, live or fsroot), its path (the
+    export, or the root) and the load's environment (for ``environment``), with hwloc's default
+    plugins (``default_plugins``) or as the probe loads it: plugins for the live host only. For
+    comparing the probe with hwloc's own load of the same input (bench/discovery.py)."""
+    src = _input_of(ctx)
+    return src.kind, src.path, dict(src.env if default_plugins else src.load_env(_api()))
+
+
 @contextmanager
 def environment(env: Mapping[str, str]) -> Iterator[None]:
     """hwloc's input environment for one load: variables that could redirect discovery are cleared,
