@@ -199,8 +199,8 @@ def measure(args: argparse.Namespace, report: Report) -> None:
     print(f"(peak RSS of each child process; killed = still running after {args.timeout:g} s)")
     unclear = [f"{name} ({rc})" for name, rc, _, _, first in results
                if rc not in ("0", "2") or first.startswith("Traceback")]
-    report.check("fixtures with a clear answer (exit status 0 or 2, no traceback)", not unclear,
-                 f"{len(results) - len(unclear)} of {len(results)}" + (f"; not: {', '.join(unclear)}" if unclear else ""),
+    figure = f"{len(results) - len(unclear)} of {len(results)}" + (f"; not: {', '.join(unclear)}" if unclear else "")
+    report.check("fixtures with a clear answer (exit status 0 or 2, no traceback)", not unclear, figure,
                  f"{len(results)} of {len(results)}")
     if results:
         slowest = max(results, key=lambda r: r[2])
