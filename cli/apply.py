@@ -7,10 +7,6 @@
 
 Exit status: 0 applied / unchanged / dry run / rolled back on request; 1 the plan was rejected,
 failed or rolled back because of a failure; 2 bad usage or an unusable plan file or state dir.
-
-Test hook: ``MEMTOPO_APPLY_PAUSE_AFTER=<action id>[:<seconds>]`` pauses a real apply after that
-action (printing ``memtopo: paused after <id>`` on stderr and creating the file named by
-``MEMTOPO_APPLY_PAUSE_MARKER``, if set), so a test can kill it mid-plan.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +22,7 @@ from memtopo.cli.output import fail
 
 if TYPE_CHECKING:
     from memtopo.apply import launch
-    from memtopo.apply.engine import Engine, Hook
+    from memtopo.apply.engine import Engine
     from memtopo.v1 import plan_pb2 as planpb
     from memtopo.v1 import topology_pb2 as pb
 
@@ -35,8 +30,6 @@ EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
 EXIT_USAGE = 2
 
-PAUSE_ENV = "MEMTOPO_APPLY_PAUSE_AFTER"
-PAUSE_MARKER_ENV = "MEMTOPO_APPLY_PAUSE_MARKER"
 STATE_DIR_ENV = "MEMTOPO_STATE_DIR"
 
 
@@ -93,27 +86,6 @@ def _state_dir(args: argparse.Namespace) -> str:
     return str(args.state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
 
-def _pause_hook() -> Hook | None:
-    spec = os.environ.get(PAUSE_ENV)
-    if not spec:
-        return None
-    aid, _, secs = spec.partition(":")
-    try:
-        seconds = float(secs) if secs else 3600.0
-    except ValueError:
-        seconds = 3600.0
-    marker = os.environ.get(PAUSE_MARKER_ENV)
-
-    def hook(event: str, action: planpb.PlanAction) -> None:
-        if event == "after_action" and action.id == aid:
-            print(f"memtopo: paused after {aid}", file=sys.stderr, flush=True)
-            if marker:
-                Path(marker).write_text(f"{os.getpid()}\n")
-            time.sleep(seconds)
-
-    return hook
-
-
 def live_topology() -> pb.MemoryTopology:
     """This host's topology, discovered when the engine first asks for it (not for a stored result)."""
     from memtopo.discovery.discover import discover
@@ -145,7 +117,7 @@ def _engine(args: argparse.Namespace) -> Engine:
     # Validation needs a few host facts, read from their files; a whole discovery only where the
     # plan needs more (a fingerprint to compare, a memory policy) or the files do not say.
     return Engine(host, live_topology, _state_dir(args), ApplyConfig(**overrides),
-                  hook=_pause_hook(), facts_provider=lambda plan: light_facts(plan, fs))
+                  facts_provider=lambda plan: light_facts(plan, fs))
 
 
 def read_plan(source: str) -> planpb.BindingPlan:

@@ -444,7 +444,8 @@ def test_undo_and_done_records_written_field_by_field_read_as_the_dicts_do(i: in
     from memtopo.apply import journal
     from memtopo.apply.undo import FileUndo, MkdirUndo, UndoOp, to_json
 
-    ops: list[UndoOp] = [FileUndo(path, value, "list"), MkdirUndo(path, value), AffinityUndo(pid, 7, (((0, 1), (pid,)),))]
+    ops: list[UndoOp] = [FileUndo(path, value, "list"), MkdirUndo(path, value),
+                         AffinityUndo(pid, 7, (((0, 1), (pid,)),))]
     general = journal._encode([{"t": "undo", "i": i, "action": aid, "ops": [to_json(op) for op in ops]}])
     assert journal._undo_line(i, aid, ops) == general
     assert [from_json(o) for o in json.loads(general)["ops"]] == ops
