@@ -19,26 +19,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import topology_pb2 as pb
+from memtopo.wire import embed
 
-# TopologyEvent.snapshot is field 10, length-delimited: tag byte (10 << 3) | 2.
-_SNAPSHOT_TAG = bytes([(10 << 3) | 2])
+SNAPSHOT_FIELD = apb.TopologyEvent.DESCRIPTOR.fields_by_name["snapshot"].number
 
 
 def new_instance_id() -> str:
     """Unique per agent process: a restart gives a new one, so clients know generations restarted."""
     return f"{os.getpid()}-{time.time_ns() // 1_000_000:x}-{uuid.uuid4().hex[:8]}"
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 @dataclass(frozen=True)
@@ -62,9 +50,7 @@ class Published:
         elif kind:
             head.closing.reason = kind
         data = head.SerializeToString()
-        if snapshot and not kind:
-            data += _SNAPSHOT_TAG + _varint(len(self.payload)) + self.payload
-        return data
+        return embed(data, SNAPSHOT_FIELD, self.payload) if snapshot and not kind else data
 
 
 def now() -> Timestamp:
