@@ -90,8 +90,11 @@ class Helper:
 
         # Parts hold read-only mappings (MappingProxyType), which pickle does not know.
         copyreg.pickle(types.MappingProxyType, _pickle_mapping_proxy)
+        # What a child runs: the collector and assembly, and the probes every discovery runs (a vendor's
+        # is imported where its vendor is present, as in any discovery).
+        importlib.import_module("memtopo.discovery.discover")
         for spec in PROBES:
-            if spec.absent is None:  # vendor probes are imported only where their vendor is present
+            if spec.absent is None:
                 importlib.import_module(spec.module)
         # What the hwloc probe does first in every process (pyhwloc's bindings, which map libhwloc,
         # and the library's version), done once here; no topology is kept.
