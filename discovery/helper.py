@@ -5,10 +5,11 @@
 A fresh Python for every rescan costs its start and the imports again (about 0.3 s on a small host,
 where the discovery itself takes a few milliseconds). The helper imports the discovery code once
 (the probes every discovery runs; pyhwloc's bindings, with the library's version read from a
-plugin-free synthetic topology that is freed at once), then waits for requests. For each one it
-forks a child that discovers with all of that imported, writes the topology and exits: libhwloc's
-topology and plugins, NVML and the libcuda it maps leave with the child, and a child stuck in a
-driver dies with its process group. The helper itself never loads a topology or a vendor library,
+plugin-free synthetic topology that is freed at once), then waits for requests. Each one is
+answered by a child it forked, which discovers with all of that imported, writes the topology and
+exits: libhwloc's topology and plugins, NVML and the libcuda it maps leave with the child, and a
+child stuck in a driver dies with its process group. The next child is forked as soon as an answer
+is out and waits for its request, so the fork and the child's first steps are not in anyone's wait. The helper itself never loads a topology or a vendor library,
 reads nothing of a root but its tree's names (``check_tree``, once per root) and starts no thread
 (a fork copies only the calling thread). It keeps each source's last result, which the child sends
 back, so the next child reruns only the probes the request's change reaches (discovery/probes.py
@@ -34,6 +35,7 @@ import struct
 import sys
 import types
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from memtopo.discovery.changes import EVERYTHING, Change
@@ -79,7 +81,8 @@ def _pickle_mapping_proxy(m: types.MappingProxyType[Any, Any]) -> tuple[Any, tup
 
 
 class Helper:
-    """The helper's state: the last results of each source, for the root they were read from."""
+    """The helper's state: the last results of each source, for the root they were read from, and the
+    children: the one waiting for the next request, the one whose answer is going out."""
 
     def __init__(self, private: Sequence[int] = ()) -> None:
         from memtopo.discovery import hwloc
@@ -103,54 +106,105 @@ class Helper:
         self.ctx: ProbeContext | None = None
         self.results: dict[str, Any] = {}
         self.ran: frozenset[str] = frozenset()
+        # The child forked after the last answer, waiting for the next request (its fork and first
+        # steps are then off the agent's wait), and the one whose answer is going out.
+        self.standby: _Child | None = None
+        self.answering: _Child | None = None
         # What is imported now stays shared with every child instead of being copied on first write.
         gc.collect()
         gc.freeze()
 
     def answer(self, asked: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The answer to one request, from a child: the one waiting (forked after the last answer,
+        with everything the next discovery keeps), else a new one. ``settle`` follows."""
         root = asked.get("root")
         if root is not None and not isinstance(root, str):
             return {"ok": False, "error": "request: root is not a path"}, b""
         if self.ctx is None or root != self.root:
+            self._drop_standby()
             self.root, self.results, self.ran = root, {}, frozenset()
             self.ctx = None
             try:
                 self.ctx = _context(root)
             except Exception as exc:  # a root that cannot be opened: said, and tried again next time
                 return {"ok": False, "error": f"root: {type(exc).__name__}: {excerpt(str(exc), 200)}"}, b""
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: discover, send, exit without running anything of the helper's
-            code = 1
-            try:
-                os.close(r)
-                for fd in self.private:
-                    os.close(fd)
-                code = _child(w, asked, self.ctx, self.results)
-            finally:
-                os._exit(code)
-        os.close(w)
-        with os.fdopen(r, "rb") as pipe:
-            try:
-                head, payload, results = read_frame(pipe), read_frame(pipe), read_frame(pipe)
-            except FrameError as exc:
-                head, payload, results = json.dumps({"ok": False, "error": str(exc)}).encode(), b"", b""
-        _, status = os.waitpid(pid, 0)
+        child, self.standby = self.standby or self._fork(), None
+        self.answering = child
+        try:
+            os.write(child.asks, frame(json.dumps(asked).encode()))
+        except OSError:  # it died waiting: the frames below say so
+            pass
+        finally:
+            os.close(child.asks)
+        try:
+            head, payload = read_frame(child.answers), read_frame(child.answers)
+        except FrameError as exc:
+            return {"ok": False, "error": str(exc)}, b""
         try:
             decoded = json.loads(head)
         except ValueError:
-            decoded = {"ok": False, "error": "the discovery process wrote garbage"}
+            decoded = None
         if not isinstance(decoded, dict):
-            decoded = {"ok": False, "error": "the discovery process wrote garbage"}
-        if decoded.get("ok") and os.waitstatus_to_exitcode(status) == 0 and results:
-            kept = pickle.loads(results)  # noqa: S301 - this helper's own fork, on a private pipe
-            self.results, self.ran = kept["results"], frozenset(kept["ran"])
-            return decoded, payload
-        if decoded.get("ok"):
-            decoded = {"ok": False, "error": f"the discovery process exited with status "
-                                             f"{os.waitstatus_to_exitcode(status)}"}
-        self.results = {}  # the next discovery is a full one
-        return decoded, b""
+            return {"ok": False, "error": "the discovery process wrote garbage"}, b""
+        return decoded, payload if decoded.get("ok") else b""
+
+    def settle(self) -> None:
+        """After the answer went out: the child's results (kept for the next discovery; none kept if it
+        failed), its exit, and the next child forked to wait for a request."""
+        child, self.answering = self.answering, None
+        if child is not None:
+            try:
+                kept = read_frame(child.answers)
+            except FrameError:
+                kept = b""
+            child.answers.close()
+            _, status = os.waitpid(child.pid, 0)
+            if kept and os.waitstatus_to_exitcode(status) == 0:
+                got = pickle.loads(kept)  # noqa: S301 - this helper's own fork, on a private pipe
+                self.results, self.ran = got["results"], frozenset(got["ran"])
+            else:
+                self.results, self.ran = {}, frozenset()  # the next discovery is a full one
+        if self.ctx is not None and self.standby is None:
+            self.standby = self._fork()
+
+    def _fork(self) -> _Child:
+        """A child that waits for one request, discovers and exits; nothing of the helper's runs in it."""
+        asks_r, asks_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for fd in (*self.private, asks_w, answers_r):
+                    os.close(fd)
+                with os.fdopen(asks_r, "rb") as asks:
+                    try:
+                        asked = json.loads(read_frame(asks))
+                    except FrameError:  # the helper went away or dropped it: nothing asked
+                        os._exit(0)
+                assert self.ctx is not None
+                code = _child(answers_w, asked, self.ctx, self.results)
+            finally:
+                os._exit(code)
+        os.close(asks_r)
+        os.close(answers_w)
+        return _Child(pid, asks_w, os.fdopen(answers_r, "rb"))
+
+    def _drop_standby(self) -> None:
+        child, self.standby = self.standby, None
+        if child is not None:
+            os.close(child.asks)  # it reads the end of its requests and exits
+            child.answers.close()
+            os.waitpid(child.pid, 0)
+
+
+@dataclass
+class _Child:
+    """A forked child as the helper holds it: where its request goes, where its frames come from."""
+
+    pid: int
+    asks: int
+    answers: BinaryIO
 
 
 def _context(root: str | None) -> ProbeContext:
@@ -226,6 +280,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
             head, payload = {"ok": False, "error": "request: not a JSON object"}, b""
         stdout.write(frame(json.dumps(head).encode()) + frame(payload))
         stdout.flush()
+        helper.settle()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
