@@ -9,11 +9,11 @@ plugin-free synthetic topology that is freed at once), then waits for requests. 
 answered by a child it forked, which discovers with all of that imported, writes the topology and
 exits: libhwloc's topology and plugins, NVML and the libcuda it maps leave with the child, and a
 child stuck in a driver dies with its process group. The next child is forked as soon as an answer
-is out and waits for its request, so the fork and the child's first steps are not in anyone's wait. The helper itself never loads a topology or a vendor library,
-reads nothing of a root but its tree's names (``check_tree``, once per root) and starts no thread
-(a fork copies only the calling thread). It keeps each source's last result, which the child sends
-back, so the next child reruns only the probes the request's change reaches (discovery/probes.py
-``reached``; discovery/discover.py ``Rescanner``).
+is out and waits for its request, so the fork is in no one's wait. The helper itself never loads a
+topology or a vendor library, reads nothing of a root but its tree's names (``check_tree``, once
+per root) and starts no thread (a fork copies only the calling thread). It keeps each source's last
+result, which the child sends back, so the next child reruns only the probes the request's change
+reaches (discovery/probes.py ``reached``; discovery/discover.py ``Rescanner``).
 
 Frames are a 4-byte big-endian length and that many bytes. A request is one frame of JSON
 (``request``); an answer is a JSON header frame (``{"ok": true, "ran": [sources]}`` or ``{"ok":
