@@ -53,7 +53,6 @@ def helper_argv() -> list[str]:
     return [sys.executable, "-m", "memtopo.discovery.helper"]
 
 
-# ---- the agent's side ----------------------------------------------------------------------------------
 class DiscoveryHelper:
     """The helper process as the agent drives it: one discovery at a time."""
 
