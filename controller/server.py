@@ -42,7 +42,6 @@ from memtopo.controller.fleet import (
 from memtopo.grpcserve import grpc_server
 from memtopo.planner.fleet import FleetNode, decide_json
 from memtopo.v1 import agent_pb2 as apb
-from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
 from memtopo.wire import field_bytes
@@ -354,20 +353,37 @@ def node_summary(info: NodeInfo) -> apb.NodeSummary:
 AdminContext = grpc.aio.ServicerContext[Any, Any]
 
 
-class ControllerAdminService(apb_grpc.ControllerAdminServicer):
+class ControllerAdminService:
     def __init__(self, hub: _Hub) -> None:
         self._hub = hub
 
-    async def ListNodes(self, request: apb.ListNodesRequest, context: AdminContext) -> apb.ListNodesResponse:  # noqa: N802
-        return apb.ListNodesResponse(nodes=[node_summary(i) for i in self._hub.fleet.nodes()])
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The ControllerAdmin service; GetNodeTopology answers with the held bytes as they are."""
+        def unary(fn: Any, request: Any, serialize: Any) -> grpc.RpcMethodHandler[Any, Any]:
+            return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request.FromString,
+                                                       response_serializer=serialize)
 
-    async def GetNodeTopology(self, request: apb.GetNodeTopologyRequest,  # noqa: N802
-                              context: AdminContext) -> pb.MemoryTopology:
-        topo = self._hub.fleet.topology(request.node_name)
-        if topo is None:
+        return grpc.method_handlers_generic_handler("memtopo.v1.ControllerAdmin", {
+            "ListNodes": unary(self.ListNodes, apb.ListNodesRequest, apb.ListNodesResponse.SerializeToString),
+            "GetNodeTopology": unary(self.GetNodeTopology, apb.GetNodeTopologyRequest, None),
+            "SubmitPlan": unary(self.SubmitPlan, apb.SubmitPlanRequest, planpb.PlanResult.SerializeToString),
+            "GetNodePlanResult": unary(self.GetNodePlanResult, apb.GetNodePlanResultRequest,
+                                       planpb.PlanResult.SerializeToString),
+            "Place": unary(self.Place, apb.FleetPlaceRequest, apb.FleetPlaceResponse.SerializeToString),
+        })
+
+    async def GetNodeTopology(self, request: apb.GetNodeTopologyRequest, context: AdminContext) -> bytes:  # noqa: N802
+        """The node's topology as its agent sent it: the held snapshot bytes, neither parsed nor
+        encoded again."""
+        payload = self._hub.fleet.topology_bytes(request.node_name)
+        if payload is None:
             what = "no topology yet" if self._hub.fleet.knows(request.node_name) else "unknown node"
             await context.abort(SC.NOT_FOUND, f"{request.node_name}: {what}")
-        return topo
+        assert payload is not None  # abort raised
+        return payload
+
+    async def ListNodes(self, request: apb.ListNodesRequest, context: AdminContext) -> apb.ListNodesResponse:  # noqa: N802
+        return apb.ListNodesResponse(nodes=[node_summary(i) for i in self._hub.fleet.nodes()])
 
     async def GetNodePlanResult(self, request: apb.GetNodePlanResultRequest,  # noqa: N802
                                 context: AdminContext) -> planpb.PlanResult:
@@ -529,7 +545,7 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     health_servicer = health.aio.HealthServicer()
     server = grpc_server(SERVICE_NAMES, health_servicer, options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((ControllerService(hub).handler(),))
-    apb_grpc.add_ControllerAdminServicer_to_server(ControllerAdminService(hub), server)
+    server.add_generic_rpc_handlers((ControllerAdminService(hub).handler(),))
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     try:

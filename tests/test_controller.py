@@ -378,6 +378,11 @@ def test_link_hello_snapshot_ack_then_listed_and_served() -> None:
             assert abs(node.last_seen.ToNanoseconds() / 1e9 - time.time()) < 60
             assert await stub.GetNodeTopology(apb.GetNodeTopologyRequest(node_name="n1")) == t
             assert await rpc_code(stub.GetNodeTopology(apb.GetNodeTopologyRequest(node_name="zz"))) == SC.NOT_FOUND
+        async with grpc.aio.insecure_channel(addr) as channel:  # the answer's bytes: the held ones, as they are
+            raw: grpc.aio.UnaryUnaryMultiCallable[apb.GetNodeTopologyRequest, bytes] = channel.unary_unary(
+                "/memtopo.v1.ControllerAdmin/GetNodeTopology",
+                request_serializer=apb.GetNodeTopologyRequest.SerializeToString)
+            assert await raw(apb.GetNodeTopologyRequest(node_name="n1")) == running.fleet.topology_bytes("n1")
         await agent.close()
     serve(body)
 
