@@ -436,7 +436,7 @@ _TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
-@given(i=st.integers(0, 10_000), aid=_TEXT, path=_TEXT, value=_TEXT, pid=st.integers(1, 1 << 22))
+@given(i=st.integers(0, 10_000), aid=_TEXT, path=_TEXT, value=_TEXT, pid=st.integers(1, PID_MAX_LIMIT - 1))
 def test_undo_and_done_records_written_field_by_field_read_as_the_dicts_do(i: int, aid: str, path: str, value: str,
                                                                           pid: int) -> None:
     """The one-per-action records (an IRQ action's file undo, every "done") skip building a dict:
