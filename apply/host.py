@@ -236,6 +236,7 @@ class HostFiles:
     def __init__(self, fs: HostFS, writable: Iterable[str] = ()) -> None:
         self.fs = fs
         self._root_real = os.path.realpath(fs.root)
+        self._root_slash = self._root_real.rstrip("/") + "/"
         self._writable: tuple[str, ...] = ()
         self._writable_real: tuple[str, ...] = ()
         self._writable_match: tuple[tuple[str, str, str], ...] = ()
@@ -298,7 +299,7 @@ class HostFiles:
     def writable_by_us(self, rel: str) -> bool:
         """access(W_OK): false on a read-only /proc or without privilege (root ignores mode bits)."""
         try:
-            return os.access(os.path.join(self._root_real, _check_rel(rel)), os.W_OK)
+            return os.access(self._root_slash + _check_rel(rel), os.W_OK)  # the checked rel is relative
         except (PathEscapeError, OSError):
             return False
 

@@ -53,18 +53,19 @@ def check(action: planpb.PlanAction, ctx: CheckContext) -> IrqTarget | None:
     files = ctx.host.files
     names: dict[int, str] = {}
     if sel == "irq":
-        if ia.irq >= irqs.MAX_IRQ:
-            ctx.reject(aid, f"irq: {ia.irq} is not an IRQ number")
+        number = ia.irq
+        if number >= irqs.MAX_IRQ:
+            ctx.reject(aid, f"irq: {number} is not an IRQ number")
             return None
         if cpus is None:
             return None
         # Its affinity file writable proves the IRQ exists: one system call in the common case.
-        if files.writable_by_us(irqs.affinity_file(ia.irq)):
-            return IrqTarget((ia.irq,), f"IRQ {ia.irq}", cpus, names)
-        if not irqs.exists(files, ia.irq):
-            ctx.host_problem(action, f"IRQ {ia.irq} does not exist (no /proc/irq/{ia.irq})")
+        if files.writable_by_us(irqs.affinity_file(number)):
+            return IrqTarget((number,), f"IRQ {number}", cpus, names)
+        if not irqs.exists(files, number):
+            ctx.host_problem(action, f"IRQ {number} does not exist (no /proc/irq/{number})")
             return None
-        found, selector = [ia.irq], f"IRQ {ia.irq}"
+        found, selector = [number], f"IRQ {number}"
     elif sel == "pci_bdf":
         bdf = ia.pci_bdf.strip().lower()
         if len(bdf) > 32 or parse_bdf(bdf) is None:
