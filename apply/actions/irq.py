@@ -143,8 +143,8 @@ class IrqStep(Step):
         labels: list[str] = []
         for irq in t.irqs:
             rel = irqs.affinity_file(irq)
-            predicted = overlay.get(("irq", irq)) if overlay else None
-            cur = tuple(sorted(predicted)) if predicted is not None else self._ids(rel)
+            # No prediction to read: validation refuses a plan with two actions on one IRQ.
+            cur = self._ids(rel)
             text = cpulist_text(cur)
             label = f"IRQ {irq} ({names[irq]})" if irq in names else f"IRQ {irq}"
             labels.append(label)
@@ -268,10 +268,6 @@ class IrqStep(Step):
                                  else f"affinity {desired}") for irq, label in zip(t.irqs, self._labels, strict=True)]
         return Applied(after, details)
 
-    def predict(self, overlay: Overlay) -> None:
-        cpus = frozenset(self.target.cpus)
-        for irq in self._changed:
-            overlay[("irq", irq)] = cpus
 
 
 KIND = ActionKind("irq_affinity", check, IrqStep)
