@@ -1,8 +1,11 @@
 """``memtopo serve``: the long-running agent.
 
 One asyncio loop owns the published state. Discovery (blocking: hwloc, sysfs, vendor tools) runs
-in a worker thread; rescans are triggered by udev events, SIGHUP and a slow periodic timer, and are
-debounced so a burst of hotplug events costs one discovery. The gRPC server (Unix socket through
+in a child the discovery helper forks (discovery/isolated.py), or on a thread of its own
+(``discovery.isolate = false``); rescans are triggered by udev events, SIGHUP and a slow periodic
+timer, and are debounced so a burst of hotplug events costs one discovery. A udev event's rescan
+reruns only the probes its subsystem reaches (discovery/changes.py); SIGHUP, the periodic timer and
+anything unclassified rescan everything. The gRPC server (Unix socket through
 the credential-checking front, optional TLS TCP), the controller link and the HTTP health endpoint
 all read the same state. systemd hears READY=1 once the first discovery is published and the
 servers listen, WATCHDOG=1 from the loop itself (so a wedged loop is restarted), and STOPPING=1 on
@@ -29,9 +32,10 @@ from memtopo.addresses import AddressError
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
 from memtopo.backoff import Backoff
+from memtopo.discovery import changes
 from memtopo.discovery.capture import open_root
-from memtopo.discovery.fingerprint import fingerprint
-from memtopo.discovery.isolated import discover_in_child
+from memtopo.discovery.changes import Change
+from memtopo.discovery.isolated import Discovered, DiscoveryHelper
 from memtopo.discovery.source import ProbeContext
 from memtopo.grpcserve import grpc_server
 from memtopo.logs import Throttle, get_logger
@@ -76,14 +80,6 @@ class _Readiness:
     checks: dict[str, str] = field(default_factory=dict)
 
 
-def discover(ctx: ProbeContext) -> pb.MemoryTopology:
-    """Discovery in this process (``discovery.isolate = false``), imported when first used: an agent
-    that discovers in child processes never loads hwloc or a vendor library itself."""
-    from memtopo.discovery.discover import discover as discover_here
-
-    return discover_here(ctx)
-
-
 class Sidecar(Protocol):
     """A controller started in the agent's process (``serve --with-controller``), which the agent links
     to over loopback; the command line provides it, so the agent never imports the controller."""
@@ -119,7 +115,12 @@ class Agent:
         self._ready = _Readiness()
         self._rescan = asyncio.Event()
         self._stop = asyncio.Event()
-        self._rescan_reasons: set[str] = set()
+        # What the events since the last rescan say may have changed (None: no event yet).
+        self._rescan_change: Change | None = None
+        # Where discoveries run: the helper (discovery.isolate), else a Rescanner on this process's
+        # threads (discovery.discover, imported when first used: an isolated agent never loads it).
+        self._helper: DiscoveryHelper | None = None
+        self._rescanner: Any = None
         self.link: ControllerLink | None = None
         self.server: grpc.aio.Server | None = None
         self.read_server: grpc.aio.Server | None = None
@@ -173,8 +174,10 @@ class Agent:
         return r.discovered and r.listening and not bad and k8s_ok and tasks_ok and not overdue, checks
 
     # ---- triggers -----------------------------------------------------------------------------------
-    def request_rescan(self, reason: str) -> None:
-        self._rescan_reasons.add(reason)
+    def request_rescan(self, reason: str, change: Change | None = None) -> None:
+        """A rescan soon; ``change`` is what may have changed (None: anything, a full rescan)."""
+        change = change if change is not None else changes.full(reason)
+        self._rescan_change = change if self._rescan_change is None else self._rescan_change | change
         self._rescan.set()
 
     def request_stop(self) -> None:
@@ -210,33 +213,36 @@ class Agent:
         with open_root(root) as path:
             yield ProbeContext.at_root(path)
 
-    def _discover(self, ctx: ProbeContext) -> pb.MemoryTopology:
-        return self._named(discover(ctx))
+    def _discover_here(self, ctx: ProbeContext, change: Change, generation: int) -> Discovered:
+        if self._rescanner is None:
+            from memtopo.discovery.discover import Rescanner
 
-    async def _discover_in_child(self, ctx: ProbeContext) -> pb.MemoryTopology:
-        # The child is not bounded by the deadline: past it the rescan is reported overdue, as on a
-        # thread; a stop cancels this and so kills the child.
+            self._rescanner = Rescanner(ctx)
+        # The operator's name for the node wins (a Kubernetes node name need not be the hostname).
+        topo = self._rescanner.discover(change, generation=generation, node_name=self.config.node_name)
+        return Discovered(topo, topo.SerializeToString(), tuple(sorted(self._rescanner.ran)))
+
+    async def _discover_isolated(self, ctx: ProbeContext, change: Change, generation: int) -> Discovered:
+        # Not bounded by the deadline: past it the rescan is reported overdue, as on a thread; a
+        # stop cancels this and so kills the helper and its child.
+        if self._helper is None:
+            self._helper = DiscoveryHelper()
         root = None if ctx.libraries_live else str(ctx.fs.root)
-        return self._named(await discover_in_child(root, timeout=ISOLATED_DISCOVERY_LIMIT_SECONDS))
+        return await self._helper.discover(root, change=change, node_name=self.config.node_name,
+                                           generation=generation, timeout=ISOLATED_DISCOVERY_LIMIT_SECONDS)
 
-    def _named(self, topo: pb.MemoryTopology) -> pb.MemoryTopology:
-        if self.config.node_name:
-            # The operator's name for the node wins (a Kubernetes node name need not be the hostname).
-            topo.node_name = self.config.node_name
-            topo.fingerprint = fingerprint(topo)
-        return topo
-
-    def _start_discovery(self, ctx: ProbeContext) -> asyncio.Future[pb.MemoryTopology]:
-        """One discovery: in a child process (``discovery.isolate``; cancelling the future kills it),
-        else on its own daemon thread. Not the loop's executor: a probe stuck in the kernel (a hung NFS
-        mount, a wedged driver) would keep the process alive at exit, because executor threads are
-        joined then; a daemon thread is left behind."""
+    def _start_discovery(self, ctx: ProbeContext, change: Change) -> asyncio.Future[Discovered]:
+        """One discovery: in a child of the discovery helper (``discovery.isolate``; cancelling the
+        future kills both), else on its own daemon thread. Not the loop's executor: a probe stuck in
+        the kernel (a hung NFS mount, a wedged driver) would keep the process alive at exit, because
+        executor threads are joined then; a daemon thread is left behind."""
+        generation = self.state.generation + 1  # what it is published as, if it is new
         if self.config.discovery.isolate:
-            return asyncio.ensure_future(self._discover_in_child(ctx))
+            return asyncio.ensure_future(self._discover_isolated(ctx, change, generation))
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[pb.MemoryTopology] = loop.create_future()
+        fut: asyncio.Future[Discovered] = loop.create_future()
 
-        def settle(value: pb.MemoryTopology | None, exc: BaseException | None) -> None:
+        def settle(value: Discovered | None, exc: BaseException | None) -> None:
             if fut.done():
                 return
             if exc is not None:
@@ -245,17 +251,18 @@ class Agent:
                 fut.set_result(value)  # type: ignore[arg-type]
 
         def work() -> None:
+            found: Discovered | None = None
             try:
-                topo, exc = self._discover(ctx), None
+                found, exc = self._discover_here(ctx, change, generation), None
             except BaseException as e:  # delivered to the loop, which decides
-                topo, exc = None, e
+                exc = e
             with contextlib.suppress(RuntimeError):  # the loop is gone: the agent has stopped
-                loop.call_soon_threadsafe(settle, topo, exc)
+                loop.call_soon_threadsafe(settle, found, exc)
 
         threading.Thread(target=work, name="memtopo-discovery", daemon=True).start()
         return fut
 
-    async def _await_discovery(self, fut: asyncio.Future[pb.MemoryTopology], reasons: str) -> bool:
+    async def _await_discovery(self, fut: asyncio.Future[Discovered], reasons: str) -> bool:
         """Wait for ``fut`` until it is done (True) or a stop is requested (False). Past the
         deadline it is reported as overdue: the topology being served may be stale."""
         stop = asyncio.ensure_future(self._stop.wait())
@@ -276,10 +283,11 @@ class Agent:
         finally:
             stop.cancel()
 
-    async def _discover_and_publish(self, ctx: ProbeContext, reasons: str) -> None:
+    async def _discover_and_publish(self, ctx: ProbeContext, change: Change) -> None:
+        reasons = ",".join(sorted(set(change.reasons))) or "periodic"
         started = time.perf_counter()
         self.discovery_started = time.monotonic()
-        fut = self._start_discovery(ctx)
+        fut = self._start_discovery(ctx, change)
         try:
             if not await self._await_discovery(fut, reasons):
                 fut.cancel()  # a child process is killed; a thread is left to the process's exit
@@ -293,22 +301,25 @@ class Agent:
                 self.discovery_overdue = False
                 self.metrics.discovery_overdue.set(0)
         try:
-            topo = fut.result()
+            found = fut.result()
         except Exception as exc:  # a probe bug must not kill the agent: keep serving the last topology
             self.metrics.observe_discovery(time.perf_counter() - started, "error")
             log.error("discovery_failed", error=repr(exc), trigger=reasons)
             return
         elapsed = time.perf_counter() - started
         self.metrics.observe_discovery(elapsed, "ok")
-        pub = self.state.publish(topo)
+        topo = found.topology
+        # Which probes ran: "all", or the ones the change reached (the others' results were kept).
+        rerun = "all" if change.everything else ",".join(found.ran)
+        pub = self.state.publish(topo, found.payload)
         if pub is None:
-            log.debug("discovery_unchanged", trigger=reasons, seconds=round(elapsed, 4))
+            log.debug("discovery_unchanged", trigger=reasons, seconds=round(elapsed, 4), rerun=rerun)
             return
         self.metrics.set_topology(topo)
         # Unavailable is not degraded: a vendor that is simply absent (no AMD GPU, no npu-smi) is no fault.
         degraded = [s.source for s in topo.sources if s.state == pb.SOURCE_STATE_DEGRADED]
         log.info("generation_published", node=topo.node_name, generation=pub.generation,
-                 fingerprint=pub.fingerprint[:16], trigger=reasons, seconds=round(elapsed, 4),
+                 fingerprint=pub.fingerprint[:16], trigger=reasons, seconds=round(elapsed, 4), rerun=rerun,
                  numa_nodes=len(topo.numa_nodes), accelerators=len(topo.accelerators),
                  degraded_sources=degraded)
         self.notifier.status(f"generation {pub.generation}, {len(topo.numa_nodes)} NUMA nodes")
@@ -324,9 +335,8 @@ class Agent:
                 # Collect the rest of a burst (a hot-added GPU brings a dozen udev events).
                 await asyncio.sleep(cfg.debounce_seconds)
             self._rescan.clear()
-            reasons = ",".join(sorted(self._rescan_reasons)) or "periodic"
-            self._rescan_reasons.clear()
-            await self._discover_and_publish(ctx, reasons)
+            change, self._rescan_change = self._rescan_change or changes.full("periodic"), None
+            await self._discover_and_publish(ctx, change)
 
     def _start_udev(self) -> Any:
         """A netlink monitor on the topology subsystems; None when netlink is unusable."""
@@ -346,7 +356,9 @@ class Agent:
 
         def readable() -> None:
             while (device := monitor.poll(timeout=0)) is not None:
-                self.request_rescan(f"udev:{device.subsystem}:{device.action}")
+                reason = f"udev:{device.subsystem}:{device.action}"
+                pci_id = device.properties.get("PCI_ID") if device.subsystem == changes.PCI else None
+                self.request_rescan(reason, changes.of_uevent(device.subsystem or "", pci_id, reason))
 
         asyncio.get_running_loop().add_reader(monitor.fileno(), readable)
         return monitor
@@ -518,8 +530,9 @@ class Agent:
             # Listening before the first discovery: a change while it runs still triggers a rescan.
             if self.config.discovery.udev and self.config.root in ("", "/"):
                 monitor = self._start_udev()
-            await self._discover_and_publish(ctx, "start")
+            await self._discover_and_publish(ctx, changes.full("start"))
             if self._stop.is_set():  # stopped during the first discovery: nothing else was started
+                await self._close_helper()
                 if monitor is not None:
                     asyncio.get_running_loop().remove_reader(monitor.fileno())
                 for undo in reversed(started):
@@ -655,7 +668,12 @@ class Agent:
         await front.stop()
         if self.sidecar is not None:
             await self.sidecar.stop()
+        await self._close_helper()
         if self.health_server is not None:
             self.health_server.stop()
         log.info("agent_stopped")
+
+    async def _close_helper(self) -> None:
+        if self._helper is not None:
+            await self._helper.close()
 

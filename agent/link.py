@@ -25,8 +25,8 @@ import structlog
 from memtopo.backoff import Backoff
 from memtopo.grpcserve import MAX_MESSAGE_BYTES
 from memtopo.v1 import agent_pb2 as apb
-from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
+from memtopo.wire import embed
 
 from .state import Published, TopologyState, now
 
@@ -44,6 +44,15 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", 64 << 20),
 )
 MAX_PENDING_RESULTS = 256
+
+CONNECT = "/memtopo.v1.Controller/Connect"
+SNAPSHOT_FIELD = apb.AgentMessage.DESCRIPTOR.fields_by_name["snapshot"].number
+# What the link writes: a message, or a snapshot message already serialized around the cached bytes.
+LinkCall = grpc.aio.StreamStreamCall[apb.AgentMessage | bytes, apb.ControllerMessage]
+
+
+def _serialized(message: apb.AgentMessage | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 class LinkState(enum.StrEnum):
@@ -139,7 +148,8 @@ class ControllerLink:
         channel = (grpc.aio.secure_channel(self.address, self.credentials, options=options)
                    if self.credentials is not None else grpc.aio.insecure_channel(self.address, options=options))
         async with channel:
-            call = agent_pb2_grpc.ControllerStub(channel).Connect()
+            call: LinkCall = channel.stream_stream(CONNECT, request_serializer=_serialized,
+                                                   response_deserializer=apb.ControllerMessage.FromString)()
             await call.write(self._hello())
             # The hello told the controller which generation we hold; it asks for the snapshot if it
             # lacks it, and anything newer is sent by the writer below.
@@ -170,7 +180,7 @@ class ControllerLink:
                     await asyncio.gather(reader, writer, stopper, return_exceptions=True)
                 call.cancel()
 
-    async def _read(self, call: grpc.aio.StreamStreamCall[apb.AgentMessage, apb.ControllerMessage]) -> bool:
+    async def _read(self, call: LinkCall) -> bool:
         answered = False
         async for msg in call:
             kind = msg.WhichOneof("message")
@@ -200,7 +210,7 @@ class ControllerLink:
         self._results.append(result)
         self._wake.set()
 
-    async def _write(self, call: grpc.aio.StreamStreamCall[apb.AgentMessage, apb.ControllerMessage]) -> None:
+    async def _write(self, call: LinkCall) -> None:
         loop = asyncio.get_running_loop()
         next_beat = loop.time() + self.heartbeat_seconds
         while True:
@@ -213,7 +223,8 @@ class ControllerLink:
             if cur is not None and (self._snapshot_wanted or cur.generation > self._sent_generation):
                 self._snapshot_wanted = False
                 self._sent_generation = cur.generation
-                await call.write(apb.AgentMessage(sent=now(), snapshot=cur.topology))
+                # The generation's bytes as published, not the message copied into another and encoded.
+                await call.write(embed(apb.AgentMessage(sent=now()).SerializeToString(), SNAPSHOT_FIELD, cur.payload))
                 log.debug("snapshot_sent", generation=cur.generation)
                 sent = True
             while self._results:

@@ -19,26 +19,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import topology_pb2 as pb
+from memtopo.wire import embed
 
-# TopologyEvent.snapshot is field 10, length-delimited: tag byte (10 << 3) | 2.
-_SNAPSHOT_TAG = bytes([(10 << 3) | 2])
+SNAPSHOT_FIELD = apb.TopologyEvent.DESCRIPTOR.fields_by_name["snapshot"].number
 
 
 def new_instance_id() -> str:
     """Unique per agent process: a restart gives a new one, so clients know generations restarted."""
     return f"{os.getpid()}-{time.time_ns() // 1_000_000:x}-{uuid.uuid4().hex[:8]}"
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 @dataclass(frozen=True)
@@ -62,9 +50,7 @@ class Published:
         elif kind:
             head.closing.reason = kind
         data = head.SerializeToString()
-        if snapshot and not kind:
-            data += _SNAPSHOT_TAG + _varint(len(self.payload)) + self.payload
-        return data
+        return embed(data, SNAPSHOT_FIELD, self.payload) if snapshot and not kind else data
 
 
 def now() -> Timestamp:
@@ -94,16 +80,21 @@ class TopologyState:
     def add_listener(self, callback: Callable[[Published], None]) -> None:
         self._listeners.append(callback)
 
-    def publish(self, topo: pb.MemoryTopology) -> Published | None:
+    def publish(self, topo: pb.MemoryTopology, payload: bytes | None = None) -> Published | None:
         """Publish ``topo`` as the next generation if its fingerprint differs; None when unchanged.
 
-        ``topo`` is owned by the state from here on (it is served as is to every reader)."""
+        ``payload``: ``topo`` as serialized where it was made (the discovery child), sent as it is
+        when it already carries the next generation. ``topo`` is owned by the state from here on
+        (it is served as is to every reader)."""
         if self.current is not None and topo.fingerprint == self.current.fingerprint:
             self.rescans += 1
             self._wake()
             return None
-        topo.generation = self.generation + 1
-        pub = Published(topo, topo.SerializeToString(), topo.generation, topo.fingerprint)
+        generation = self.generation + 1
+        if payload is None or topo.generation != generation:
+            topo.generation = generation
+            payload = topo.SerializeToString()
+        pub = Published(topo, payload, generation, topo.fingerprint)
         self.current = pub
         self._wake()
         for callback in self._listeners:

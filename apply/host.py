@@ -35,7 +35,7 @@ from typing import ClassVar, Protocol
 
 from memtopo.apply.errors import HostWriteError, KernelCallError, PathEscapeError
 from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
-from memtopo.hostfs import RECORD_CHUNK, HostFS, HostReadError
+from memtopo.hostfs import RECORD_CHUNK, HostFS, HostReadError, open_without_symlinks
 from memtopo.mounts import ProcCgroups, parse_proc_cgroup
 from memtopo.runner import Runner, SubprocessRunner
 
@@ -65,6 +65,9 @@ PF_KTHREAD = 0x00200000
 
 # numa_maps and /proc/interrupts grow with the machine (one line per VMA, one column per CPU).
 MAX_PROC_BYTES = 64 << 20
+# A kernel attribute written and read back through one descriptor; no O_CREAT (a missing attribute
+# means the wrong path, never a file to make).
+_WRITE_READ_FLAGS = os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,7 @@ class HostFiles:
     def __init__(self, fs: HostFS, writable: Iterable[str] = ()) -> None:
         self.fs = fs
         self._root_real = os.path.realpath(fs.root)
+        self._root_slash = self._root_real.rstrip("/") + "/"
         self._writable: tuple[str, ...] = ()
         self._writable_real: tuple[str, ...] = ()
         self._writable_match: tuple[tuple[str, str, str], ...] = ()
@@ -295,7 +299,7 @@ class HostFiles:
     def writable_by_us(self, rel: str) -> bool:
         """access(W_OK): false on a read-only /proc or without privilege (root ignores mode bits)."""
         try:
-            return os.access(os.path.join(self._root_real, _check_rel(rel)), os.W_OK)
+            return os.access(self._root_slash + _check_rel(rel), os.W_OK)  # the checked rel is relative
         except (PathEscapeError, OSError):
             return False
 
@@ -320,17 +324,21 @@ class HostFiles:
             raise PathEscapeError(rel, "resolves outside the writable prefixes (symlink)")
         return real
 
-    def _target(self, rel: str) -> str:
-        """The real path to write, or PathEscapeError. The prefix was resolved once; below it each
-        component is lstat'ed (cheaper than realpath's walk from /) and a symlink is followed and
-        checked again."""
+    def _below(self, rel: str) -> tuple[str, str]:
+        """(the real path of ``rel``'s writable prefix, the rest of ``rel`` below it), or PathEscapeError."""
         _check_rel(rel)
         # _inside(rel, prefix) for each prefix, with their "/"-terminated forms built once.
         match = next((m for m in self._writable_match if rel == m[0] or rel.startswith(m[1])), None)
         if match is None:
             raise PathEscapeError(rel, f"not below a writable prefix ({', '.join(self._writable) or 'none'})")
-        prefix, _, path = match
-        below = rel[len(prefix):].strip("/")
+        prefix, _, real = match
+        return real, rel[len(prefix):].strip("/")
+
+    def _target(self, rel: str) -> str:
+        """The real path to write, or PathEscapeError. The prefix was resolved once; below it each
+        component is lstat'ed (cheaper than realpath's walk from /) and a symlink is followed and
+        checked again."""
+        path, below = self._below(rel)
         comps = below.split("/") if below else []
         for i, comp in enumerate(comps):
             path = f"{path}/{comp}"
@@ -360,14 +368,30 @@ class HostFiles:
             # A subclass emulating a kernel filesystem decides what a write does: read after it.
             self.write(rel, text)
             return self.fs.read_record(rel)
-        path = self._target(rel)
         try:
-            data = self._write_read(path, text.encode())
+            if type(self)._write_read is HostFiles._write_read:
+                data = self._write_read_fd(self._open_below(rel, _WRITE_READ_FLAGS), text.encode())
+            else:
+                data = self._write_read(self._target(rel), text.encode())
         except _ReadBackError as exc:
             raise HostReadError(rel, exc.strerror or type(exc).__name__) from exc
         except OSError as exc:
             raise HostWriteError.from_os(rel, exc) from exc
         return self.fs.record_text(rel, data)
+
+    def _open_below(self, rel: str, flags: int) -> int:
+        """``rel`` opened below its writable prefix. Where no component is a symlink the kernel checks
+        that in the open itself (openat2: one system call for an IRQ file, where the walk makes three);
+        a symlink on the way, or no openat2 here, takes the walk (_target), which follows links that
+        stay below a prefix and refuses the others."""
+        real, below = self._below(rel)
+        try:
+            fd = open_without_symlinks(f"{real}/{below}" if below else real, flags)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            fd = None
+        return fd if fd is not None else os.open(self._target(rel), flags)
 
     def mkdir(self, rel: str) -> None:
         path = self._target(rel)
@@ -394,7 +418,11 @@ class HostFiles:
 
     def _write_read(self, path: str, data: bytes) -> bytes:
         # As _write, opened for reading too; a failed read is a _ReadBackError (the write held).
-        fd = os.open(path, os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC)
+        return self._write_read_fd(os.open(path, _WRITE_READ_FLAGS), data)
+
+    @staticmethod
+    def _write_read_fd(fd: int, data: bytes) -> bytes:
+        """One write(2) to ``fd``, then what a read at offset 0 gives; closes ``fd``."""
         try:
             os.write(fd, data)
             try:

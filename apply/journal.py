@@ -60,7 +60,7 @@ from google.protobuf.message import DecodeError
 
 from memtopo.apply.errors import StateError
 from memtopo.apply.host import StateFiles, write_all
-from memtopo.apply.undo import UndoFormatError, UndoOp, from_json, to_json
+from memtopo.apply.undo import FileUndo, UndoFormatError, UndoOp, from_json, to_json
 from memtopo.v1 import plan_pb2 as planpb
 
 JOURNAL_SUFFIX = ".journal.jsonl"
@@ -173,7 +173,11 @@ class JournalWriter:
         self._held += _encode(records)
 
     def write(self, records: Sequence[dict[str, Any]], sync: bool = False) -> None:
-        data = self._held + _encode(records)
+        self.write_encoded(_encode(records), sync)
+
+    def write_encoded(self, lines: bytes, sync: bool = False) -> None:
+        """Records already encoded as JSON lines (the one-per-action kinds skip the dict)."""
+        data = self._held + lines
         self._held = b""
         try:
             self._write(data, sync)
@@ -199,8 +203,13 @@ class JournalWriter:
 
     def undo(self, entries: Sequence[tuple[int, str, Sequence[UndoOp]]]) -> None:
         """The previous values of the next changes: one fsync for all of them."""
-        self.write([{"t": "undo", "i": i, "action": aid, "ops": [to_json(op) for op in ops]}
-                    for i, aid, ops in entries], sync=True)
+        self.write_encoded(b"".join(_undo_line(i, aid, ops) for i, aid, ops in entries), sync=True)
+
+    def done(self, applied: Sequence[tuple[str, str]]) -> None:
+        """"done" records of (action id, status name): informational, not synced."""
+        text = _ENCODER.encode
+        self.write_encoded("".join([f'{{"t":"done","action":{text(aid)},"status":{text(status)}}}\n'
+                                    for aid, status in applied]).encode())
 
     def close(self) -> None:
         """Idempotent: the engine closes on every way out of a run."""
@@ -236,6 +245,15 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 def _encode(records: Sequence[dict[str, Any]]) -> bytes:
     encode = _ENCODER.encode
     return "".join([encode(r) + "\n" for r in records]).encode()
+
+
+def _undo_line(i: int, aid: str, ops: Sequence[UndoOp]) -> bytes:
+    """The undo record of one action, as _encode writes it: a file op (one per IRQ action, and most
+    of any plan's) is written field by field, the rest through the encoder."""
+    text = _ENCODER.encode
+    parts = [f'{{"op":"file","path":{text(op.path)},"value":{text(op.value)},"kind":{text(op.kind)}}}'
+             if type(op) is FileUndo else text(to_json(op)) for op in ops]
+    return f'{{"t":"undo","i":{i:d},"action":{text(aid)},"ops":[{",".join(parts)}]}}\n'.encode()
 
 
 def excerpt(text: str) -> str:

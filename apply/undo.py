@@ -144,6 +144,8 @@ def parse_tid_runs(text: str) -> Ids:
 
 
 def to_json(op: UndoOp) -> dict[str, Any]:
+    if type(op) is FileUndo:  # most of a plan's ops (one per IRQ action): its fields as they are
+        return {"op": "file", "path": op.path, "value": op.value, "kind": op.kind}
     out: dict[str, Any] = {"op": _KINDS[type(op)]}
     for name, value in vars(op).items():
         if isinstance(value, tuple) and value and isinstance(value[0], tuple):

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -55,25 +54,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def fixture_root(spec: str) -> Path:
-    """``lab:NAME`` (../shared/lab/captures) or ``hwloc:NAME`` (hwloc's Linux captures), extracted."""
-    from tests.fixtures import hwloc_root, lab_root
-
-    kind, _, name = spec.partition(":")
-    if kind == "lab" and name:
-        return lab_root(name)
-    if kind == "hwloc" and name:
-        return hwloc_root(name)
-    raise ValueError(f"a root is lab:NAME or hwloc:NAME, not {spec!r}")
-
-
-def copy_root(src: Path, dst: Path) -> Path:
-    """A private copy of a captured root that a benchmark may change under the running agent."""
-    root = dst / "root"
-    shutil.copytree(src, root, symlinks=True)
-    return root
 
 
 class _Drained:
@@ -301,6 +281,41 @@ def memory_kib(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
             out[key] = int(value.split()[0])
     return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (the agent and its discovery helper, with a child of the
+    helper while one runs), from the parent ids in /proc/*/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, ()))
+    return tree
+
+
+def pss_kib(pids: list[int]) -> dict[str, int]:
+    """Pss, Pss_Anon, Pss_File and Rss of the processes together, in KiB, from /proc/PID/smaps_rollup:
+    a page the processes share (the interpreter, libraries, what a fork left unwritten) counts once,
+    split between its mappers, where summing RSS would count it in each."""
+    total = {"Pss": 0, "Pss_Anon": 0, "Pss_File": 0, "Rss": 0}
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a child that ended meanwhile
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in total:
+                    total[key] += int(value.split()[0])
+    return total
 
 
 def context_switches(pid: int) -> int:

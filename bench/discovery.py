@@ -3,7 +3,8 @@
 For each root: the baseline is pyhwloc's public API loading the topology with the flags and I/O
 filter our probe uses (and nothing else), with hwloc's default plugins; the subject is memtopo's
 whole discovery (every probe, the assembly, the protobuf message and its fingerprint). Each root
-runs in its own process so the peak RSS column is that root's. Target: ratio <= 2.0 (stretch 1.5).
+runs in its own process so the peak RSS column is that root's. Target: ratio <= 2.0 for every root
+(stretch 1.5).
 
 Our probe loads an XML export or a captured root without hwloc's discovery plugins (none of them
 can contribute there; discovery/hwloc.py). The last columns show that load on its own and our
@@ -27,8 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import Report  # noqa: E402
+from bench.roots import HWLOC_XML, hwloc_root, synthesized_root  # noqa: E402
 from memtopo.discovery.source import ProbeContext  # noqa: E402
-from tests.fixtures import HWLOC_XML, extracted, hwloc_root  # noqa: E402
 
 # name -> (kind, path); "this host" reads the live root.
 ROOTS: dict[str, tuple[str, str]] = {
@@ -54,14 +56,13 @@ def _hwloc_load(ctx: ProbeContext, plugins: bool = True) -> Callable[[], None]:
     from pyhwloc import Topology
     from pyhwloc.topology import TopologyFlags, TypeFilter
 
-    from memtopo.discovery.hwloc import _api, _input_of, environment
+    from memtopo.discovery.hwloc import environment, load_setup
 
-    src = _input_of(ctx)
-    env = src.env if plugins else src.load_env(_api())
+    kind, path, env = load_setup(ctx, default_plugins=plugins)
 
     def load() -> None:
         with environment(env):
-            topo = Topology.from_xml_file(src.path) if src.kind == "xml" else Topology.from_this_system()
+            topo = Topology.from_xml_file(path) if kind == "xml" else Topology.from_this_system()
             topo.set_flags(TopologyFlags.INCLUDE_DISALLOWED)
             with topo.set_io_types_filter(TypeFilter.KEEP_ALL):
                 pass
@@ -77,6 +78,7 @@ def _discover(ctx: ProbeContext) -> Callable[[], None]:
 
 
 WARMUP = 3
+TARGET_RATIO = 2.0
 
 
 def _time_interleaved(fns: list[Callable[[], None]], repeat: int) -> list[list[float]]:
@@ -101,7 +103,7 @@ def measure_one(name: str, repeat: int) -> dict[str, float]:
     elif kind == "fsroot":
         path = str(hwloc_root(arg))
     elif kind == "synth":
-        path, kind = str(extracted(REPO / "tests" / "fixtures" / arg / "root.tar.gz")), "fsroot"
+        path, kind = str(synthesized_root(arg)), "fsroot"
     else:
         path = "/"
     ctx = _context(kind, path)
@@ -125,20 +127,28 @@ def main() -> int:
     if args.one:
         print(json.dumps(measure_one(args.one, args.repeat)))
         return 0
+    return Report.run("discovery", lambda report: compare(args, report))
+
+
+def compare(args: argparse.Namespace, report: Report) -> None:
     rows = []
     for name in args.names:
         out = subprocess.run([sys.executable, __file__, "--repeat", str(args.repeat), "--one", name],
-                             capture_output=True, text=True, check=True, cwd=REPO)
+                             capture_output=True, text=True, check=False, cwd=REPO)
+        if out.returncode != 0:
+            report.unmeasured(f"{name}: full / hwloc", (out.stderr.strip().splitlines() or ["failed"])[-1][:200])
+            continue
         rows.append((name, json.loads(out.stdout.strip().splitlines()[-1])))
     print(f"{'root':<34} {'hwloc load ms':>13} {'full discovery ms':>17} {'ratio':>6} {'ratio(min)':>10} "
           f"{'peak RSS MiB':>12} {'no-plugin load ms':>17} {'full/no-plugin':>14}")
     for name, r in rows:
         print(f"{name:<34} {r['hwloc_ms']:>13.2f} {r['full_ms']:>17.2f} {r['ratio']:>6.2f} "
               f"{r['ratio_min']:>10.2f} {r['rss_mib']:>12.1f} {r['bare_ms']:>17.2f} {r['ratio_bare']:>14.2f}")
-    print("(median of --repeat alternating runs after warm-up; ratio = full / hwloc (default plugins), "
-          "target <= 2.0;\n no-plugin = hwloc's load as our probe does it for an XML or a captured root; "
-          "the live host loads its plugins both ways)")
-    return 0
+    print("(median of --repeat alternating runs after warm-up; ratio = full / hwloc (default plugins);\n"
+          " no-plugin = hwloc's load as our probe does it for an XML or a captured root; the live host loads its "
+          "plugins both ways)")
+    for name, r in rows:
+        report.judge(f"{name}: full discovery / hwloc load", r["ratio"], "<=", TARGET_RATIO)
 
 
 if __name__ == "__main__":

@@ -35,12 +35,13 @@ import grpc  # noqa: E402
 import psutil  # type: ignore[import-untyped, unused-ignore]  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]  # noqa: E402
 
+from bench.report import Report  # noqa: E402
+from bench.roots import hwloc_root  # noqa: E402
 from memtopo.discovery.discover import discover  # noqa: E402
 from memtopo.discovery.source import ProbeContext  # noqa: E402
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402
 from memtopo.v1 import agent_pb2_grpc  # noqa: E402
 from memtopo.v1 import topology_pb2 as pb  # noqa: E402
-from tests.fixtures import hwloc_root  # noqa: E402
 
 FIXTURE = "32em64t-2n8c+dax+nvme+mic+dimms"
 TARGET_S = 10.0
@@ -161,27 +162,27 @@ def main() -> int:
                         help="spread the agents over N channels with grpc's global subchannel pool, which "
                              "multiplexes them all over one connection, instead of one connection per agent")
     args = parser.parse_args()
+    return Report.run("fleet", lambda report: measure(args, report))
+
+
+def measure(args: argparse.Namespace, report: Report) -> None:
     _raise_fd_limit(4 * args.agents + 256)
     topo = discover(ProbeContext.at_root(hwloc_root(FIXTURE)))
     r = asyncio.run(run(args, topo))
-    ok = r["held"] == r["agents"] and r["all_held_s"] <= TARGET_S
     mode = f"{args.shared_channels} shared channels" if args.shared_channels else "one connection per agent"
     print(f"fleet: {r['agents']:.0f} agents ({mode}), snapshot {r['snapshot_kib']:.1f} KiB ({FIXTURE})")
-    print(f"{'metric':<40} {'value':>12} {'target':>10}")
     rows = [
-        ("nodes held by the controller", f"{r['held']:.0f}", f"{r['agents']:.0f}"),
-        ("time until all held (s)", f"{r['all_held_s']:.2f}", f"<= {TARGET_S:.0f}"),
-        ("per-agent join p50 (ms)", f"{r['p50_ms']:.0f}", ""),
-        ("per-agent join p99 (ms)", f"{r['p99_ms']:.0f}", ""),
-        ("controller CPU while they joined (s)", f"{r['controller_cpu_s']:.2f}", ""),
-        ("controller TCP connections", f"{r['connections']:.0f}", ""),
-        ("controller RSS idle (MiB)", f"{r['rss_idle_mib']:.1f}", ""),
-        ("controller RSS holding the fleet (MiB)", f"{r['rss_held_mib']:.1f}", ""),
+        ("per-agent join p50 (ms)", f"{r['p50_ms']:.0f}"),
+        ("per-agent join p99 (ms)", f"{r['p99_ms']:.0f}"),
+        ("controller CPU while they joined (s)", f"{r['controller_cpu_s']:.2f}"),
+        ("controller TCP connections", f"{r['connections']:.0f}"),
+        ("controller RSS idle (MiB)", f"{r['rss_idle_mib']:.1f}"),
+        ("controller RSS holding the fleet (MiB)", f"{r['rss_held_mib']:.1f}"),
     ]
-    for name, value, target in rows:
-        print(f"{name:<40} {value:>12} {target:>10}")
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    for name, value in rows:
+        print(f"{name:<40} {value:>12}")
+    report.check("nodes held by the controller", r["held"] == r["agents"], f"{r['held']:.0f}", f"{r['agents']:.0f}")
+    report.judge(f"time until all {r['agents']:.0f} are held", r["all_held_s"], "<=", TARGET_S, "s")
 
 
 if __name__ == "__main__":

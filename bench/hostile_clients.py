@@ -14,7 +14,11 @@ their ratio, and the agent's thread count with the clients connected. Target: p9
 then ``--changes`` topology changes (a NUMA node's MemTotal raised in the root's copy, then SIGHUP),
 each of which every stream is sent. Reported: the agent's RSS before the watchers, with them after
 the changes, and ``--settle`` seconds later (when stalled streams have been ended, if the agent
-does that), and how many streams the agent refused.
+does that), and how many streams the agent refused. Targets: bounded whatever the clients do: the
+streams still open are at most ``listen.max_watchers`` (256 by default; the rest are refused), and
+the agent's memory (its process tree as PSS, as bench/footprint.py counts it) with them after the
+changes <= 100 MiB (each stalled stream holds what it was sent and has not read, until
+``listen.watch_stall_seconds`` ends it).
 
     .venv/bin/python bench/hostile_clients.py health [--clients 3000] [--probes 200]
     .venv/bin/python bench/hostile_clients.py watchers [--watchers 2000] [--changes 3] [--settle 75]
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import resource
 import socket
 import statistics
@@ -41,12 +44,15 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
-from bench.agentproc import AgentProcess, AgentSpec, copy_root, fixture_root, memory_kib  # noqa: E402
+from bench.agentproc import AgentProcess, AgentSpec, process_tree, pss_kib  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.roots import copy_root, fixture_root, set_node_memory  # noqa: E402
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402
 from memtopo.v1 import agent_pb2_grpc  # noqa: E402
-from tests.agents import set_node_memory  # noqa: E402
 
 TARGET_P99_MS = 50.0
+TARGET_WATCHERS_PSS_MIB = 100.0
+MAX_WATCHERS = 256  # listen.max_watchers's default (agent/config.py), which the benchmark's agent keeps
 
 
 def _raise_fd_limit() -> None:
@@ -144,7 +150,7 @@ class SlowClients:
             writer.transport.abort()
 
 
-def bench_health(args: argparse.Namespace) -> int:
+def bench_health(args: argparse.Namespace, report: Report) -> None:
     _raise_fd_limit()
     with tempfile.TemporaryDirectory(prefix="memtopo-bench-hostile-") as tmp:
         spec = AgentSpec(root=fixture_root(args.root))
@@ -166,18 +172,20 @@ def bench_health(args: argparse.Namespace) -> int:
     print(f"  ratio loaded/baseline      p50 {l50 / b50:7.2f}     p99 {l99 / b99:7.2f}")
     print(f"  agent threads: {threads_before} before, {threads_loaded} with the clients; "
           f"connections still held at the end: {held}")
-    ok = l99 < TARGET_P99_MS
-    print(f"  target p99 < {TARGET_P99_MS:g} ms: {'met' if ok else 'MISSED'}")
-    return 0 if ok else 1
+    report.judge(f"/healthz p99 under {clients.connected:,} slow clients", l99, "<", TARGET_P99_MS, "ms")
 
 
-def bench_watchers(args: argparse.Namespace) -> int:
+def _tree_pss_kib(pid: int) -> int:
+    return pss_kib(process_tree(pid))["Pss"]
+
+
+def bench_watchers(args: argparse.Namespace, report: Report) -> None:
     with tempfile.TemporaryDirectory(prefix="memtopo-bench-hostile-") as tmp:
         root = copy_root(fixture_root(args.root), Path(tmp))
         spec = AgentSpec(root=root, debounce_seconds=0.0)
         with AgentProcess(spec, Path(tmp) / "agent") as agent:
             time.sleep(1.0)
-            before = memory_kib(agent.pid)["VmRSS"]
+            before = _tree_pss_kib(agent.pid)
             channels = [grpc.insecure_channel(agent.target, options=[("grpc.use_local_subchannel_pool", 1)])
                         for _ in range(8)]
             stubs = [agent_pb2_grpc.NodeAgentStub(ch) for ch in channels]
@@ -188,9 +196,9 @@ def bench_watchers(args: argparse.Namespace) -> int:
                 agent.sighup()
                 time.sleep(2.0)
             time.sleep(2.0)
-            loaded = memory_kib(agent.pid)["VmRSS"]
+            loaded = _tree_pss_kib(agent.pid)
             time.sleep(args.settle)
-            settled = memory_kib(agent.pid)["VmRSS"]
+            settled = _tree_pss_kib(agent.pid)
             futures = [cast("grpc.Future[object]", c) for c in calls]  # the sync stream call is also a Future
             codes = Counter(cast(grpc.Call, c).code().name for c, f in zip(calls, futures, strict=True) if f.done())
             for c in calls:
@@ -199,12 +207,14 @@ def bench_watchers(args: argparse.Namespace) -> int:
                 ch.close()
     per = (loaded - before) / max(1, args.watchers)
     print(f"{args.watchers} stalled watchers, {args.changes} topology changes, root {args.root}")
-    print(f"  agent RSS: {before / 1024:.1f} MiB before, {loaded / 1024:.1f} MiB with them "
+    print(f"  agent PSS (process tree): {before / 1024:.1f} MiB before, {loaded / 1024:.1f} MiB with them "
           f"(+{(loaded - before) / 1024:.1f} MiB, {per:.1f} KiB per watcher), "
           f"{settled / 1024:.1f} MiB {args.settle:g} s later")
     ended = ", ".join(f"{n} {code}" for code, n in codes.most_common()) or "none"
     print(f"  streams ended: {sum(codes.values())} ({ended}); still open: {args.watchers - sum(codes.values())}")
-    return 0
+    report.judge("stalled streams left open", args.watchers - sum(codes.values()), "<=", MAX_WATCHERS, digits=0)
+    report.judge(f"agent PSS with {args.watchers:,} stalled watchers", loaded / 1024, "<=", TARGET_WATCHERS_PSS_MIB,
+                 "MiB", 1)
 
 
 def main() -> int:
@@ -220,9 +230,8 @@ def main() -> int:
     w.add_argument("--settle", type=float, default=75.0)
     w.add_argument("--root", default="lab:dual-socket-cxl")
     args = p.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        return bench_health(args) if args.what == "health" else bench_watchers(args)
-    return 1
+    body = bench_health if args.what == "health" else bench_watchers
+    return Report.run(f"hostile_clients {args.what}", lambda report: body(args, report))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ fixture) with one hostile change, generated in a temporary directory.
 
 Every run is a child process (`python -m agent.cli topo …`), killed at --timeout (default 120 s):
 a hang shows as "killed". Device nodes are made only when run as root.
+
+Targets, the house rule for bad input (a clear answer, never a traceback, a hang, a crash or
+unbounded memory): each fixture ends with exit status 0 (discovered, the hostile part a degraded
+source) or 2 (refused, saying why) and no traceback; the slowest within 10 s; the largest peak RSS
+<= 100 MiB (a clean capture takes about 30).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import Report  # noqa: E402
+from bench.roots import HWLOC_XML, LAB_CAPTURES, extracted  # noqa: E402
 from memtopo.discovery.capture import find_root  # noqa: E402
-from tests.fixtures import HWLOC_XML, LAB_CAPTURES, extracted  # noqa: E402
 
 NODE0 = "sys/devices/system/node/node0"
 CPU = "sys/devices/system/cpu"
@@ -155,6 +161,14 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
+    return Report.run("hostile_roots", lambda report: measure(args, report))
+
+
+TARGET_WALL_S = 10.0
+TARGET_RSS_MIB = 100.0
+
+
+def measure(args: argparse.Namespace, report: Report) -> None:
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="memtopo-hostile-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -174,14 +188,25 @@ def main() -> int:
             if not args.names or name in args.names:
                 inputs[name] = ["--hwloc-xml" if name.endswith(".xml") else "--root", str(path)]
         print(f"{'fixture':<24} {'rc':>6} {'wall s':>7} {'peak RSS MiB':>12}  stderr (first line)")
+        results = []
         for name, argv in inputs.items():
             rc, wall, rss, first = _run(argv, args.timeout)
+            results.append((name, rc, wall, rss, first))
             print(f"{name:<24} {rc:>6} {wall:>7.2f} {rss:>12.1f}  {first}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
     print(f"(peak RSS of each child process; killed = still running after {args.timeout:g} s)")
-    return 0
+    unclear = [f"{name} ({rc})" for name, rc, _, _, first in results
+               if rc not in ("0", "2") or first.startswith("Traceback")]
+    figure = f"{len(results) - len(unclear)} of {len(results)}" + (f"; not: {', '.join(unclear)}" if unclear else "")
+    report.check("fixtures with a clear answer (exit status 0 or 2, no traceback)", not unclear, figure,
+                 f"{len(results)} of {len(results)}")
+    if results:
+        slowest = max(results, key=lambda r: r[2])
+        report.judge(f"slowest fixture ({slowest[0]}): wall", slowest[2], "<=", TARGET_WALL_S, "s")
+        largest = max(results, key=lambda r: r[3])
+        report.judge(f"largest peak RSS ({largest[0]})", largest[3], "<=", TARGET_RSS_MIB, "MiB", 1)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,6 @@ Exit status: 0 applied / unchanged / dry run / rolled back on request; 1 the pla
 failed or rolled back because of a failure; 2 bad usage or an unusable plan file or state dir.
 ``exec`` exits with the command's own status; 127 when there is no such command, 126 when it
 cannot be executed, 2 for a bad policy or CPU list.
-
-Test hook: ``MEMTOPO_APPLY_PAUSE_AFTER=<action id>[:<seconds>]`` pauses a real apply after that
-action (printing ``memtopo: paused after <id>`` on stderr and creating the file named by
-``MEMTOPO_APPLY_PAUSE_MARKER``, if set), so a test can kill it mid-plan.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +24,7 @@ from memtopo.cli.output import fail, write_text
 
 if TYPE_CHECKING:
     from memtopo.apply import launch
-    from memtopo.apply.engine import Engine, Hook
+    from memtopo.apply.engine import Engine
     from memtopo.v1 import plan_pb2 as planpb
     from memtopo.v1 import topology_pb2 as pb
 
@@ -39,8 +34,6 @@ EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126  # exec: the command was found but could not be run
 EXIT_NOT_FOUND = 127  # exec: no such command
 
-PAUSE_ENV = "MEMTOPO_APPLY_PAUSE_AFTER"
-PAUSE_MARKER_ENV = "MEMTOPO_APPLY_PAUSE_MARKER"
 STATE_DIR_ENV = "MEMTOPO_STATE_DIR"
 
 
@@ -97,27 +90,6 @@ def _state_dir(args: argparse.Namespace) -> str:
     return str(args.state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
 
-def _pause_hook() -> Hook | None:
-    spec = os.environ.get(PAUSE_ENV)
-    if not spec:
-        return None
-    aid, _, secs = spec.partition(":")
-    try:
-        seconds = float(secs) if secs else 3600.0
-    except ValueError:
-        seconds = 3600.0
-    marker = os.environ.get(PAUSE_MARKER_ENV)
-
-    def hook(event: str, action: planpb.PlanAction) -> None:
-        if event == "after_action" and action.id == aid:
-            print(f"memtopo: paused after {aid}", file=sys.stderr, flush=True)
-            if marker:
-                Path(marker).write_text(f"{os.getpid()}\n")
-            time.sleep(seconds)
-
-    return hook
-
-
 def live_topology() -> pb.MemoryTopology:
     """This host's topology, discovered when the engine first asks for it (not for a stored result)."""
     from memtopo.discovery.discover import discover
@@ -149,7 +121,7 @@ def _engine(args: argparse.Namespace) -> Engine:
     # Validation needs a few host facts, read from their files; a whole discovery only where the
     # plan needs more (a fingerprint to compare, a memory policy) or the files do not say.
     return Engine(host, live_topology, _state_dir(args), ApplyConfig(**overrides),
-                  hook=_pause_hook(), facts_provider=lambda plan: light_facts(plan, fs))
+                  facts_provider=lambda plan: light_facts(plan, fs))
 
 
 def read_plan(source: str) -> planpb.BindingPlan:

@@ -469,6 +469,11 @@ class Extender:
         # depends on, the names it covers, it). Valid while the fleet and the ledger are unchanged.
         self._last: tuple[tuple[Any, ...], frozenset[str], Judgement] | None = None
 
+    @property
+    def derived_nodes(self) -> int:
+        """How many nodes' device views are derived (as their snapshots arrived, or on first use)."""
+        return len(self._derived)
+
     # ---- routes ---------------------------------------------------------------------------------
     def install(self, routes: Routes) -> None:
         routes.add("POST", PREFIX + "filter", self._handler("filter", self.filter))

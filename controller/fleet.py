@@ -116,9 +116,9 @@ class _Held:
     stored_at: float
 
     @classmethod
-    def of(cls, topology: pb.MemoryTopology, instance_id: str, now: float) -> _Held:
-        return cls(topology.SerializeToString(), instance_id, topology.generation, topology.fingerprint,
-                   len(topology.numa_nodes), len(topology.accelerators), now)
+    def of(cls, topology: pb.MemoryTopology, instance_id: str, now: float, payload: bytes | None = None) -> _Held:
+        return cls(topology.SerializeToString() if payload is None else payload, instance_id, topology.generation,
+                   topology.fingerprint, len(topology.numa_nodes), len(topology.accelerators), now)
 
 
 @dataclass
@@ -208,8 +208,9 @@ class Fleet:
             reply = RequestSnapshot(reason)
         return Connected(session, reply, replaced, replaced_peer)
 
-    def snapshot(self, session: int, topology: pb.MemoryTopology) -> SnapshotOutcome:
-        """Store a full snapshot unless it is older than what this agent instance already sent."""
+    def snapshot(self, session: int, topology: pb.MemoryTopology, payload: bytes | None = None) -> SnapshotOutcome:
+        """Store a full snapshot unless it is older than what this agent instance already sent.
+        ``payload``: ``topology``'s bytes as they arrived, kept as they are (else it is serialized)."""
         node = self._sessions.get(session)
         if node is None:
             return SnapshotOutcome(False, None, "link superseded")
@@ -220,7 +221,7 @@ class Fleet:
             # Stale in-flight message; the agent's later messages carry the newer generation.
             return SnapshotOutcome(False, None,
                                    f"generation {topology.generation} is older than the held {held.generation}")
-        node.held = _Held.of(topology, node.instance_id, now)
+        node.held = _Held.of(topology, node.instance_id, now, payload)
         node.request_outstanding = False
         return SnapshotOutcome(True, self._ack(node))
 

@@ -42,9 +42,9 @@ from memtopo.grpcserve import grpc_server
 from memtopo.logs import get_logger
 from memtopo.planner.fleet import FleetNode, decide_json
 from memtopo.v1 import agent_pb2 as apb
-from memtopo.v1 import agent_pb2_grpc as apb_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
+from memtopo.wire import field_bytes
 
 if TYPE_CHECKING:
     # The HTTP side (prometheus_client, the extender and the planners, the Kubernetes client) is imported when a
@@ -213,21 +213,46 @@ def _hello(msg: apb.AgentHello) -> Hello:
 
 
 # ---- Controller (agents) -----------------------------------------------------------------------------
-AgentContext = grpc.aio.ServicerContext[apb.AgentMessage, apb.ControllerMessage]
+_SNAPSHOT_FIELD = apb.AgentMessage.DESCRIPTOR.fields_by_name["snapshot"].number
 
 
-class ControllerService(apb_grpc.ControllerServicer):
+@dataclass(frozen=True, slots=True)
+class Received:
+    """An agent's message as it arrived: parsed, and a snapshot's own bytes beside it (stored as they
+    came: the fleet holds snapshots serialized, and encoding the parsed one again would only cost)."""
+
+    message: apb.AgentMessage
+    snapshot: bytes | None
+
+    @classmethod
+    def parse(cls, data: bytes) -> Received:
+        message = apb.AgentMessage.FromString(data)
+        return cls(message, field_bytes(data, _SNAPSHOT_FIELD) if message.HasField("snapshot") else None)
+
+
+AgentContext = grpc.aio.ServicerContext[Received, apb.ControllerMessage]
+
+
+class ControllerService:
     def __init__(self, hub: _Hub) -> None:
         self._hub = hub
 
-    async def Connect(self, request_iterator: AsyncIterator[apb.AgentMessage] | Iterator[apb.AgentMessage],  # noqa: N802
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The Controller service, its requests read by Received.parse."""
+        return grpc.method_handlers_generic_handler("memtopo.v1.Controller", {
+            "Connect": grpc.stream_stream_rpc_method_handler(
+                self.Connect, request_deserializer=Received.parse,
+                response_serializer=apb.ControllerMessage.SerializeToString)})
+
+    async def Connect(self, request_iterator: AsyncIterator[Received] | Iterator[Received],  # noqa: N802
                       context: AgentContext) -> AsyncIterator[apb.ControllerMessage]:
         # Requests are read with context.read(), not request_iterator: grpc's iterator keeps the last
         # message alive while it waits for the next, and on a link that is the last full snapshot.
         peer = context.peer()
-        first = await context.read()
-        if not isinstance(first, apb.AgentMessage):  # grpc.aio.EOF: closed before saying anything
+        received = await context.read()
+        if not isinstance(received, Received):  # grpc.aio.EOF: closed before saying anything
             return
+        first = received.message
         if first.WhichOneof("message") != "hello":
             await context.abort(SC.INVALID_ARGUMENT, "the first message on a link must be hello")
         fleet = self._hub.fleet
@@ -266,10 +291,10 @@ class ControllerService(apb_grpc.ControllerServicer):
 
     async def _read(self, context: AgentContext, link: _Link) -> None:
         try:
-            while isinstance(msg := await context.read(), apb.AgentMessage):  # else grpc.aio.EOF
-                self._handle(link, msg)
+            while isinstance(got := await context.read(), Received):  # else grpc.aio.EOF
+                self._handle(link, got.message, got.snapshot)
                 # Not kept alive while waiting for the next one: a parsed snapshot is ~60 KiB per link.
-                del msg
+                del got
             link.close()
         except ProtocolError as exc:
             link.close(SC.INVALID_ARGUMENT, str(exc))
@@ -277,11 +302,11 @@ class ControllerService(apb_grpc.ControllerServicer):
             log.warning("link_read_failed", node=link.node, peer=link.peer, error=repr(exc))
             link.close(SC.INTERNAL, "controller could not read the link")
 
-    def _handle(self, link: _Link, msg: apb.AgentMessage) -> None:
+    def _handle(self, link: _Link, msg: apb.AgentMessage, snapshot: bytes | None = None) -> None:
         fleet = self._hub.fleet
         kind = msg.WhichOneof("message")
         if kind == "snapshot":
-            outcome = fleet.snapshot(link.session, msg.snapshot)
+            outcome = fleet.snapshot(link.session, msg.snapshot, snapshot)
             if outcome.stored:
                 self._hub.state.changes.bump(link.node)
                 log.info("snapshot_stored", node=link.node, generation=msg.snapshot.generation,
@@ -328,20 +353,37 @@ def node_summary(info: NodeInfo) -> apb.NodeSummary:
 AdminContext = grpc.aio.ServicerContext[Any, Any]
 
 
-class ControllerAdminService(apb_grpc.ControllerAdminServicer):
+class ControllerAdminService:
     def __init__(self, hub: _Hub) -> None:
         self._hub = hub
 
-    async def ListNodes(self, request: apb.ListNodesRequest, context: AdminContext) -> apb.ListNodesResponse:  # noqa: N802
-        return apb.ListNodesResponse(nodes=[node_summary(i) for i in self._hub.fleet.nodes()])
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The ControllerAdmin service; GetNodeTopology answers with the held bytes as they are."""
+        def unary(fn: Any, request: Any, serialize: Any) -> grpc.RpcMethodHandler[Any, Any]:
+            return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request.FromString,
+                                                       response_serializer=serialize)
 
-    async def GetNodeTopology(self, request: apb.GetNodeTopologyRequest,  # noqa: N802
-                              context: AdminContext) -> pb.MemoryTopology:
-        topo = self._hub.fleet.topology(request.node_name)
-        if topo is None:
+        return grpc.method_handlers_generic_handler("memtopo.v1.ControllerAdmin", {
+            "ListNodes": unary(self.ListNodes, apb.ListNodesRequest, apb.ListNodesResponse.SerializeToString),
+            "GetNodeTopology": unary(self.GetNodeTopology, apb.GetNodeTopologyRequest, None),
+            "SubmitPlan": unary(self.SubmitPlan, apb.SubmitPlanRequest, planpb.PlanResult.SerializeToString),
+            "GetNodePlanResult": unary(self.GetNodePlanResult, apb.GetNodePlanResultRequest,
+                                       planpb.PlanResult.SerializeToString),
+            "Place": unary(self.Place, apb.FleetPlaceRequest, apb.FleetPlaceResponse.SerializeToString),
+        })
+
+    async def GetNodeTopology(self, request: apb.GetNodeTopologyRequest, context: AdminContext) -> bytes:  # noqa: N802
+        """The node's topology as its agent sent it: the held snapshot bytes, neither parsed nor
+        encoded again."""
+        payload = self._hub.fleet.topology_bytes(request.node_name)
+        if payload is None:
             what = "no topology yet" if self._hub.fleet.knows(request.node_name) else "unknown node"
             await context.abort(SC.NOT_FOUND, f"{request.node_name}: {what}")
-        return topo
+        assert payload is not None  # abort raised
+        return payload
+
+    async def ListNodes(self, request: apb.ListNodesRequest, context: AdminContext) -> apb.ListNodesResponse:  # noqa: N802
+        return apb.ListNodesResponse(nodes=[node_summary(i) for i in self._hub.fleet.nodes()])
 
     async def GetNodePlanResult(self, request: apb.GetNodePlanResultRequest,  # noqa: N802
                                 context: AdminContext) -> planpb.PlanResult:
@@ -504,8 +546,8 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     hub = _Hub(ControllerState(fleet, metrics, kube=kube, kube_refresh_s=kube_refresh_s))
     health_servicer = health.aio.HealthServicer()
     server = grpc_server(SERVICE_NAMES, health_servicer, options=SERVER_OPTIONS)
-    apb_grpc.add_ControllerServicer_to_server(ControllerService(hub), server)
-    apb_grpc.add_ControllerAdminServicer_to_server(ControllerAdminService(hub), server)
+    server.add_generic_rpc_handlers((ControllerService(hub).handler(),))
+    server.add_generic_rpc_handlers((ControllerAdminService(hub).handler(),))
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     try:

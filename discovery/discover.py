@@ -1,4 +1,5 @@
-"""Run every probe against one context and assemble the MemoryTopology."""
+"""Run the probes against one context and assemble the MemoryTopology: every probe (``discover``), or
+again and again, each time only those a change reaches (``Rescanner``)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import gc
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from memtopo.discovery.assemble import Parts, assemble
 from memtopo.discovery.bounds import sanitize
+from memtopo.discovery.changes import EVERYTHING, Change
 from memtopo.discovery.fingerprint import fingerprint
 from memtopo.discovery.parts import AcceleratorPart
-from memtopo.discovery.probes import ACCELERATORS, PROBES, ProbeSpec
+from memtopo.discovery.probes import ACCELERATORS, PROBES, ProbeSpec, reached
 from memtopo.discovery.source import DiscoveryScope, ProbeContext, ProbeResult, SourceStatus, State, StatusBuilder
 from memtopo.text import excerpt
 from memtopo.v1 import topology_pb2 as pb
@@ -136,8 +138,10 @@ def _call(spec: ProbeSpec, ctx: ProbeContext, needed: tuple[ProbeResult[Any] | N
     return run
 
 
-def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, ...] | None = None) -> Parts:
-    """All probes' parts, scheduled from their declarations (discovery/probes.py).
+def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, ...] | None = None,
+            reuse: Mapping[str, ProbeResult[Any]] | None = None) -> Parts:
+    """All probes' parts, scheduled from their declarations (discovery/probes.py); a source in
+    ``reuse`` is not run: that result stands for it (and is what probes that need it get).
 
     A probe whose ``own_thread`` holds runs in a thread of its own, started first (hwloc beside the
     sysfs probes; on the live host the vendor probes, whose tools and libraries can take seconds);
@@ -152,6 +156,10 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
     lane = _Lane()
     backstop = _Backstop(ctx, lane)
     slots = {spec.source: _Slot(spec) for spec in probes}
+    for slot in slots.values():
+        kept = reuse.get(slot.spec.source) if reuse else None
+        if kept is not None:
+            slot.finish(kept)
 
     def needed(spec: ProbeSpec) -> tuple[ProbeResult[Any] | None, ...]:
         for n in spec.needs:
@@ -168,7 +176,7 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
             slot.started.set()
         slot.finish(backstop.guarded(slot.spec.source, _call(slot.spec, ctx, args)))
 
-    own = [slot for slot in slots.values() if slot.spec.own_thread(ctx)]
+    own = [slot for slot in slots.values() if not slot.done.is_set() and slot.spec.own_thread(ctx)]
     # Vendors first: theirs are the longest waits.
     own.sort(key=lambda slot: slot.spec.part != ACCELERATORS)
     try:
@@ -179,7 +187,7 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
             assert slot.thread is not None
             slot.thread.start()
         for slot in slots.values():
-            if slot.thread is None:
+            if slot.thread is None and not slot.done.is_set():
                 spec = slot.spec
                 slot.finish(backstop.run(spec.source, _call(spec, ctx, needed(spec))))
         for slot in own:
@@ -261,22 +269,77 @@ def _without(parts: Parts, field: str, reason: str) -> Parts:
     return dataclasses.replace(parts, **{field: ProbeResult(result.data, status)})  # type: ignore[arg-type]
 
 
-def discover(ctx: ProbeContext, generation: int = 1) -> pb.MemoryTopology:
+def results_by_source(parts: Parts, probes: tuple[ProbeSpec, ...] = PROBES) -> dict[str, ProbeResult[Any]]:
+    """The probes' results in ``parts``, by source (those that gave one)."""
+    out: dict[str, ProbeResult[Any]] = {}
+    for spec in probes:
+        result = parts.accelerators.get(spec.source) if spec.part == ACCELERATORS else getattr(parts, spec.part)
+        if result is not None:
+            out[spec.source] = result
+    return out
+
+
+def discover(ctx: ProbeContext, generation: int = 1, node_name: str = "") -> pb.MemoryTopology:
+    """Every probe, assembled. ``node_name``: the operator's name for the node, which wins over the
+    host name (a Kubernetes node name need not be the hostname); it is in the fingerprint."""
+    return _discover(ctx, generation, node_name, None, None, PROBES)[0]
+
+
+class Rescanner:
+    """Discoveries of one context one after another, each rerunning only the probes its change
+    reaches (discovery/probes.py ``reached``); every other source's last result stands. The first
+    discovery is full, as is one for EVERYTHING; a probe whose last run gave nothing (it raised or
+    overran its deadline) runs every time."""
+
+    def __init__(self, ctx: ProbeContext, probes: tuple[ProbeSpec, ...] = PROBES) -> None:
+        self.ctx = ctx
+        self.probes = probes
+        # The last discovery's result of each source.
+        self.results: dict[str, ProbeResult[Any]] = {}
+        # The sources the last discovery ran (the others were kept).
+        self.ran: frozenset[str] = frozenset()
+
+    def discover(self, change: Change = EVERYTHING, *, generation: int = 1, node_name: str = "",
+                 scope: DiscoveryScope | None = None) -> pb.MemoryTopology:
+        """The topology after ``change``. ``scope``: given, the caller closes it (a process that exits
+        right after need not free hwloc's topology); else it is closed before this returns."""
+        rerun = reached(change, self.probes)
+        reuse = {source: r for source, r in self.results.items() if source not in rerun}
+        topo, parts = _discover(self.ctx, generation, node_name, reuse, scope, self.probes)
+        self.results = results_by_source(parts, self.probes)
+        self.ran = frozenset(spec.source for spec in self.probes if spec.source not in reuse)
+        return topo
+
+    def keep(self, results: Mapping[str, ProbeResult[Any]], ran: frozenset[str]) -> None:
+        """Take what a discovery elsewhere found (a forked child's), as if this one had run it."""
+        self.results, self.ran = dict(results), ran
+
+
+def _discover(ctx: ProbeContext, generation: int, node_name: str, reuse: Mapping[str, ProbeResult[Any]] | None,
+              scope: DiscoveryScope | None, probes: tuple[ProbeSpec, ...]) -> tuple[pb.MemoryTopology, Parts]:
     root = str(ctx.hwloc_xml) if ctx.hwloc_xml is not None else str(ctx.fs.root)
     # Discovery allocates tens of thousands of short-lived, acyclic objects; letting the cyclic
     # collector run in the middle of that costs ~10% of the whole and frees nothing.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    own_scope = scope is None
+    current = DiscoveryScope() if scope is None else scope
     try:
-        with DiscoveryScope() as scope:
-            topo = assemble_checked(collect(ctx, scope), source_root=root)
-            topo.generation = generation
-            topo.fingerprint = fingerprint(topo)
+        parts = collect(ctx, current, probes, reuse)
+        topo = assemble_checked(parts, source_root=root)
+        topo.generation = generation
+        if node_name:
+            topo.node_name = node_name
+        topo.fingerprint = fingerprint(topo)
     finally:
-        if gc_was_enabled:
-            gc.enable()
+        try:
+            if own_scope:
+                current.close()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
     # What Timestamp.GetCurrentTime gives (the same clock, whole microseconds) without its trip
     # through datetime and calendar.
     seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
     topo.discovery_time.seconds, topo.discovery_time.nanos = seconds, micros * 1000
-    return topo
+    return topo, parts

@@ -283,6 +283,15 @@ def _input_of(ctx: ProbeContext) -> _Input:
     return _Input("fsroot", str(ctx.fs.root), env)
 
 
+def load_setup(ctx: ProbeContext, default_plugins: bool = False) -> tuple[str, str, Mapping[str, str]]:
+    """How the probe has hwloc load ``ctx``: the input's kind (xml, live or fsroot), its path (the
+    export, or the root) and the load's environment (for ``environment``), with hwloc's default
+    plugins (``default_plugins``) or as the probe loads it: plugins for the live host only. For
+    comparing the probe with hwloc's own load of the same input (bench/discovery.py)."""
+    src = _input_of(ctx)
+    return src.kind, src.path, dict(src.env if default_plugins else src.load_env(_api()))
+
+
 @contextmanager
 def environment(env: Mapping[str, str]) -> Iterator[None]:
     """hwloc's input environment for one load: variables that could redirect discovery are cleared,
@@ -336,6 +345,19 @@ def _library_version(api: _Api) -> str:
         major, minor, rev = api.core.get_api_version()
         api.library_version = infos.get("hwlocVersion") or f"{major}.{minor}.{rev}"
     return api.library_version
+
+
+def prepare() -> None:
+    """What a process's first load needs, done now: pyhwloc's bindings resolved and the library's
+    version read from a one-PU synthetic topology, loaded without plugins and freed at once. A
+    process that forks discoveries (discovery/isolated.py) does it once for all its children; no
+    topology and no plugin stays loaded. A broken library is left for the probe to report."""
+    try:
+        api = _api()
+    except Exception:  # ImportError, or RuntimeError for a wrong libhwloc API version
+        return
+    with _LOAD_LOCK, environment({"HWLOC_PLUGINS_BLACKLIST": api.plugin_blacklist}):
+        _library_version(api)
 
 
 def _load(api: _Api, src: _Input) -> tuple[ctypes.c_void_p, str]:

@@ -65,7 +65,9 @@ def _os_reason(exc: OSError) -> str:
 # ---- confined lookup -------------------------------------------------------------------------------
 _SYS_OPENAT2 = 437  # the same number on every architecture (it is in the generic syscall table)
 _RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_IN_ROOT = 0x10
+_AT_FDCWD = -100
 
 
 class _Openat2:
@@ -78,10 +80,11 @@ class _Openat2:
         self._call.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
         self._how: dict[int, bytes] = {}
 
-    def __call__(self, dirfd: int, rel: str, flags: int) -> int:
-        how = self._how.get(flags)
+    def __call__(self, dirfd: int, rel: str, flags: int,
+                 resolve: int = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS) -> int:
+        how = self._how.get(flags | resolve << 32)
         if how is None:
-            how = self._how[flags] = struct.pack("=QQQ", flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+            how = self._how[flags | resolve << 32] = struct.pack("=QQQ", flags, 0, resolve)
         fd = self._call(_SYS_OPENAT2, dirfd, os.fsencode(rel), how, 24)
         if fd < 0:
             err = ctypes.get_errno()
@@ -104,6 +107,14 @@ def _openat2() -> _Openat2 | None:
     finally:
         os.close(root)
     return call
+
+
+def open_without_symlinks(path: str, flags: int) -> int | None:
+    """``path`` opened with ``flags`` where none of its components is a symlink, the kernel checking
+    that in the open itself (openat2, RESOLVE_NO_SYMLINKS): OSError as open(2) raises it, ELOOP for a
+    symlink anywhere on the way. None where this process cannot use openat2."""
+    call = _openat2()
+    return call(_AT_FDCWD, path, flags, _RESOLVE_NO_SYMLINKS) if call is not None else None
 
 
 def _walk(root_fd: int, rel: str, flags: int) -> tuple[int, list[str]]:

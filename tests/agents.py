@@ -61,14 +61,6 @@ def copy_root(dst: Path) -> Path:
     return root
 
 
-def set_node_memory(root: Path, node: int, kib: int) -> None:
-    """Onlining memory blocks raises the node's MemTotal."""
-    meminfo = root / f"sys/devices/system/node/node{node}/meminfo"
-    lines = meminfo.read_text().splitlines()
-    out = [f"Node {node} MemTotal:       {kib} kB" if " MemTotal:" in ln else ln for ln in lines]
-    meminfo.write_text("\n".join(out) + "\n")
-
-
 def pin_plan(plan_id: str, pid: int, cpus: list[int]) -> planpb.BindingPlan:
     plan = planpb.BindingPlan(plan_id=plan_id, policy="manual")
     a = plan.actions.add(id="pin", required=True)

@@ -49,19 +49,6 @@ ALLOWED: dict[str, frozenset[str]] = {
 KNOWN_LOOP_EDGES: frozenset[tuple[str, str]] = frozenset()
 # bench/ reaching into the tests' helpers and into private names.
 KNOWN_BENCH_IMPORTS: frozenset[str] = frozenset({
-    "bench/agentproc.py imports tests.fixtures",
-    "bench/apply.py imports tests.apply_fakes",
-    "bench/apply.py reads the private engine._Run",
-    "bench/discovery.py imports tests.fixtures",
-    "bench/discovery.py imports the private memtopo.discovery.hwloc._api",
-    "bench/discovery.py imports the private memtopo.discovery.hwloc._input_of",
-    "bench/extender.py imports tests.fixtures",
-    "bench/fleet.py imports tests.fixtures",
-    "bench/hostile_clients.py imports tests.agents",
-    "bench/hostile_roots.py imports tests.fixtures",
-    "bench/planner.py reads the private xpu._compute_mtf",
-    "bench/planner.py reads the private xpu._table",
-    "bench/watch.py imports tests.agents",
     "bench/enforce.py imports tests.containerd",
     "bench/enforce.py imports tests.enforce_standins",
     "bench/enforce.py imports tests.k8s_standin",
@@ -70,8 +57,7 @@ KNOWN_BENCH_IMPORTS: frozenset[str] = frozenset({
     "bench/podresources.py imports tests.fixtures",
     "bench/podresources.py imports tests.k8s.test_k8s_kubelet",
 })
-# `memtopo apply` pausing after an action when these are set: a hook only tests/apply/test_apply_real.py uses.
-KNOWN_TEST_SEAMS: frozenset[str] = frozenset({"MEMTOPO_APPLY_PAUSE_AFTER", "MEMTOPO_APPLY_PAUSE_MARKER"})
+KNOWN_TEST_SEAMS: frozenset[str] = frozenset()
 
 
 # ---- reading the code ------------------------------------------------------------------------------
@@ -398,7 +384,7 @@ HOST_GROUND: dict[str, str] = {
     "memtopo.logs": "configures the process's logging and writes events to stdout",
 }
 PURE_GROUND = frozenset({"memtopo", "memtopo.addresses", "memtopo.backoff", "memtopo.cpulist", "memtopo.links",
-                         "memtopo.model", "memtopo.pci", "memtopo.protojson", "memtopo.text"})
+                         "memtopo.model", "memtopo.pci", "memtopo.protojson", "memtopo.text", "memtopo.wire"})
 PURE_FLOORS = ("planner", "draw")
 # Standard modules that compute and touch nothing outside the process (their few functions that do
 # are in HOST_FUNCTIONS).

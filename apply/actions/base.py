@@ -20,7 +20,8 @@ from memtopo.cpulist import format_cpulist
 from memtopo.v1 import plan_pb2 as planpb
 
 # Values the steps of one fsync group expect earlier steps of the group to leave: ("tid", n) →
-# cpus, ("irq", n) → cpus. A later step's undo records them as the previous value.
+# cpus. A later step's undo records them as the previous value. (IRQs need none: validation refuses
+# a plan with two actions on one IRQ.)
 Overlay = dict[tuple[str, int], frozenset[int]]
 
 

@@ -53,18 +53,19 @@ def check(action: planpb.PlanAction, ctx: CheckContext) -> IrqTarget | None:
     files = ctx.host.files
     names: dict[int, str] = {}
     if sel == "irq":
-        if ia.irq >= irqs.MAX_IRQ:
-            ctx.reject(aid, f"irq: {ia.irq} is not an IRQ number")
+        number = ia.irq
+        if number >= irqs.MAX_IRQ:
+            ctx.reject(aid, f"irq: {number} is not an IRQ number")
             return None
         if cpus is None:
             return None
         # Its affinity file writable proves the IRQ exists: one system call in the common case.
-        if files.writable_by_us(irqs.affinity_file(ia.irq)):
-            return IrqTarget((ia.irq,), f"IRQ {ia.irq}", cpus, names)
-        if not irqs.exists(files, ia.irq):
-            ctx.host_problem(action, f"IRQ {ia.irq} does not exist (no /proc/irq/{ia.irq})")
+        if files.writable_by_us(irqs.affinity_file(number)):
+            return IrqTarget((number,), f"IRQ {number}", cpus, names)
+        if not irqs.exists(files, number):
+            ctx.host_problem(action, f"IRQ {number} does not exist (no /proc/irq/{number})")
             return None
-        found, selector = [ia.irq], f"IRQ {ia.irq}"
+        found, selector = [number], f"IRQ {number}"
     elif sel == "pci_bdf":
         bdf = ia.pci_bdf.strip().lower()
         if len(bdf) > 32 or parse_bdf(bdf) is None:
@@ -122,10 +123,10 @@ class IrqStep(Step):
         self._changed: list[int] = []
         self._ban: tuple[irqbalance.Client, tuple[int, ...]] | None = None
         self._stop: str | None = None
-        # Per IRQ, built once: its files and its label (a plan moves dozens of IRQs, one action each).
-        self._files = {irq: (irqs.affinity_file(irq), irqs.effective_file(irq)) for irq in target.irqs}
-        self._labels = {irq: f"IRQ {irq}{self._name(irq)}" for irq in target.irqs}
         self._value = cpulist_text(target.cpus)
+        # Each IRQ's label, made by prepare (a plan moves dozens of IRQs, one action each: nothing
+        # here is built twice).
+        self._labels: list[str] = []
 
     def _ids(self, rel: str) -> tuple[int, ...]:
         try:
@@ -135,26 +136,31 @@ class IrqStep(Step):
 
     def prepare(self, overlay: Overlay) -> Prepared:
         t = self.target
+        names = t.names
         before: list[str] = []
         undo: list[UndoOp] = []
         changed: list[int] = []
-        labels = self._labels
+        labels: list[str] = []
         for irq in t.irqs:
-            rel = self._files[irq][0]
-            predicted = overlay.get(("irq", irq)) if overlay else None
-            cur = tuple(sorted(predicted)) if predicted is not None else self._ids(rel)
+            rel = irqs.affinity_file(irq)
+            # No prediction to read: validation refuses a plan with two actions on one IRQ.
+            cur = self._ids(rel)
             text = cpulist_text(cur)
+            label = f"IRQ {irq} ({names[irq]})" if irq in names else f"IRQ {irq}"
+            labels.append(label)
             # The effective affinity is read after the change (details): one file less per IRQ here.
-            before.append(f"{labels[irq]}: affinity {text or 'none'}")
+            before.append(f"{label}: affinity {text or 'none'}")
             if cur != t.cpus:  # both sorted and unique: equal tuples are equal sets
                 changed.append(irq)
                 undo.append(FileUndo(rel, text, "list"))
-        details = {"irqs": ids(t.irqs), "selector": t.selector}
-        self._changed = changed
+        details = {"irqs": str(t.irqs[0]) if len(t.irqs) == 1 else ids(t.irqs), "selector": t.selector}
+        self._changed, self._labels = changed, labels
         if changed:
-            undo = self._irqbalance(details) + undo
+            ban_or_stop = self._irqbalance(details)
+            if ban_or_stop:
+                undo = ban_or_stop + undo
         desired = self._value or "none"
-        after = [f"{labels[irq]}: affinity {desired}" for irq in t.irqs]
+        after = [f"{label}: affinity {desired}" for label in labels]
         return Prepared(before, after, undo, bool(changed), details)
 
     def _irqbalance(self, details: dict[str, str]) -> list[UndoOp]:
@@ -210,16 +216,14 @@ class IrqStep(Step):
             if not res.ok:
                 details["irqbalance"] += f"; stop failed ({res.failure}): it may move these IRQs again"
         value = self._value
-        paths = self._files
         write_read = files.write_read
-        moved: list[int] = []
-        # What smp_affinity_list reads right after the write (same descriptor: one open per IRQ).
-        readback: list[str] = []
+        # (IRQ, what smp_affinity_list reads right after the write: same descriptor, one open per IRQ)
+        moved: list[tuple[int, str]] = []
         unmovable: dict[int, str] = {}
         for irq in self._changed:
-            rel = paths[irq][0]
+            rel = irqs.affinity_file(irq)
             try:
-                readback.append(write_read(rel, value))
+                moved.append((irq, write_read(rel, value)))
             except HostWriteError as exc:
                 if exc.errno in _UNMOVABLE:
                     unmovable[irq] = errno_name(exc.errno)
@@ -228,21 +232,20 @@ class IrqStep(Step):
                 raise ActionError(f"IRQ {irq}: write {value} to /{rel}: {exc.reason}{hint}") from exc
             except HostReadError as exc:
                 raise ActionError(f"/{rel}: {exc}") from exc
-            moved.append(irq)
         if unmovable:
             details["unmovable"] = ", ".join(f"{irq} ({code})" for irq, code in unmovable.items())
-        if unmovable and not moved:
-            codes = ", ".join(sorted(set(unmovable.values())))
-            raise ActionSkipError(f"IRQ {ids(unmovable)} managed by the kernel ({codes}): its affinity cannot be "
-                                  "changed from user space")
+            if not moved:
+                codes = ", ".join(sorted(set(unmovable.values())))
+                raise ActionSkipError(f"IRQ {ids(unmovable)} managed by the kernel ({codes}): its affinity cannot "
+                                      "be changed from user space")
         effective: list[str] = []
         want = set(t.cpus)
         read_ids = files.read_ids
-        for irq, text in zip(moved, readback, strict=True):
+        for irq, text in moved:
             # An effective affinity inside the new set proves the write held; otherwise (x86 moves an
             # IRQ at its next interrupt) the requested mask must read back as written.
             try:
-                eff: tuple[int, ...] | None = read_ids(paths[irq][1])
+                eff: tuple[int, ...] | None = read_ids(irqs.effective_file(irq))
             except HostReadError:
                 eff = None
             held = eff is not None and bool(eff) and want.issuperset(eff)
@@ -250,7 +253,7 @@ class IrqStep(Step):
                 try:
                     got = cpulist(text)
                 except CpuListError as exc:
-                    raise ActionError(f"/{paths[irq][0]}: {exc}") from exc
+                    raise ActionError(f"/{irqs.affinity_file(irq)}: {exc}") from exc
                 if got != t.cpus:
                     raise ActionError(f"IRQ {irq}: smp_affinity_list reads {ids(got)} after writing {value}")
             if eff is not None:
@@ -261,17 +264,10 @@ class IrqStep(Step):
         if not unmovable:
             return Applied(prepared.after, details)  # what prepare said it would leave
         desired = value or "none"
-        labels = self._labels
-        after = [f"{labels[irq]}: " + (f"unchanged (managed, {unmovable[irq]})" if irq in unmovable
-                                       else f"affinity {desired}") for irq in t.irqs]
+        after = [f"{label}: " + (f"unchanged (managed, {unmovable[irq]})" if irq in unmovable
+                                 else f"affinity {desired}") for irq, label in zip(t.irqs, self._labels, strict=True)]
         return Applied(after, details)
 
-    def _name(self, irq: int) -> str:
-        return f" ({self.target.names[irq]})" if irq in self.target.names else ""
-
-    def predict(self, overlay: Overlay) -> None:
-        for irq in self._changed:
-            overlay[("irq", irq)] = frozenset(self.target.cpus)
 
 
 KIND = ActionKind("irq_affinity", check, IrqStep)

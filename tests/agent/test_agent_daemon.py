@@ -15,6 +15,7 @@ from memtopo.agent.daemon import EXIT_OK, Agent
 from memtopo.agent.sdnotify import Notifier
 from memtopo.agent.tasks import Supervisor
 from memtopo.backoff import Backoff
+from memtopo.discovery.changes import Change
 from tests.fixtures import lab_root
 
 
@@ -54,11 +55,12 @@ def test_a_failing_rescan_loop_is_restarted_and_shown_while_the_agent_keeps_serv
     failures: list[str] = []
     worked: list[str] = []
 
-    async def discover(self: Agent, ctx: Any, reason: str) -> None:
-        if reason != "start" and len(failures) < 3:
+    async def discover(self: Agent, ctx: Any, change: Change) -> None:
+        reason = ",".join(change.reasons)
+        if change.reasons != ("start",) and len(failures) < 3:
             failures.append(reason)
             raise RuntimeError("bug in a rescan: " + "\x1b[2J" * 500)  # a cause that would flood a log
-        await real(self, ctx, reason)
+        await real(self, ctx, change)
         worked.append(reason)
 
     monkeypatch.setattr(Agent, "_discover_and_publish", discover)

@@ -30,25 +30,23 @@ from tests.agents import Agent, certificates, copy_root, pin_plan, wait_for
 from tests.fixtures import REPO
 
 # `memtopo serve` with discovery made to hang from its second run on: a probe stuck in the kernel
-# (a wedged driver, a hung mount) stands in as a thread that never returns.
+# (a wedged driver, a hung mount) stands in as a thread that never returns. On a thread of the agent
+# (discovery.isolate = false) the Rescanner is replaced in the agent; in the helper's children (the
+# default) the helper is tests/helper_standin.py, the real one with the same replacement.
 HANGING_DISCOVERY = r"""
 import os, sys, threading
-import memtopo.agent.daemon, memtopo.discovery.isolated
-real, real_argv = memtopo.agent.daemon.discover, memtopo.discovery.isolated.child_argv
+import memtopo.discovery.discover, memtopo.discovery.isolated
+real = memtopo.discovery.discover.Rescanner.discover
 runs = []
-def discover(ctx):  # discovery on a thread (discovery.isolate = false)
+def discover(self, *args, **kwargs):  # discovery on a thread (discovery.isolate = false)
     runs.append(1)
     if len(runs) > 1:
         threading.Event().wait()
-    return real(ctx)
-def child_argv(root):  # discovery in a child process (the default)
-    runs.append(1)
-    if len(runs) > 1:
-        # Marked with the agent's pid: other agents' hung children (parallel tests) are not this one's.
-        return [sys.executable, "-c", f"import time; time.sleep(3600)  # memtopo-hung-discovery {os.getpid()}"]
-    return real_argv(root)
-memtopo.agent.daemon.discover = discover
-memtopo.discovery.isolated.child_argv = child_argv
+    return real(self, *args, **kwargs)
+memtopo.discovery.discover.Rescanner.discover = discover
+memtopo.discovery.isolated.helper_argv = lambda: [sys.executable, "-m", "tests.helper_standin", "hang-from-2",
+                                                   # the agent's pid marks its helper and children
+                                                   f"/tmp/memtopo-hung-discovery-{os.getpid()}.pids"]
 from memtopo.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -104,16 +102,19 @@ def test_a_hung_rescan_is_reported_and_sigterm_still_exits(workdir: Path, root: 
         rc = agent.stop(timeout=60)
     assert rc == 0
     assert agent.events("agent_stopped")
-    assert not hung_discovery_children(agent.process.pid)  # killed at the stop, not left behind
+    # The helper and its hung child are killed at the stop, not left behind (a zombie, which has no
+    # command line, is dead: the child's is reaped by whoever adopted it once its helper died).
+    wait_for(lambda: not hung_discovery_children(agent.process.pid), what="discovery processes gone")
+    Path(f"/tmp/memtopo-hung-discovery-{agent.process.pid}.pids").unlink(missing_ok=True)
 
 
 def hung_discovery_children(agent_pid: int) -> list[int]:
     """The hung discovery children that the agent ``agent_pid`` started, wherever they were reparented."""
-    mark = f"memtopo-hung-discovery {agent_pid}".encode()
+    mark = f"memtopo-hung-discovery-{agent_pid}.pids".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
-            if mark + b"\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if mark in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(int(pid))
     return found
 

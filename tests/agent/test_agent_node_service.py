@@ -78,6 +78,25 @@ def test_publish_only_advances_the_generation_when_the_fingerprint_changes() -> 
     asyncio.run(main())
 
 
+def test_publish_sends_the_discovery_s_own_bytes_when_they_carry_the_next_generation() -> None:
+    """The discovery child stamps the generation it would be published as and serializes once; those
+    bytes are served as they are. Bytes of another generation are not: the message is encoded again."""
+    async def main() -> None:
+        state = TopologyState()
+        first = topo("n", "a")
+        first.generation = 1
+        own = first.SerializeToString()
+        pub = state.publish(first, own)
+        assert pub is not None and pub.payload is own
+        stale = topo("n", "b")
+        stale.generation = 7  # not the next one (2)
+        pub = state.publish(stale, stale.SerializeToString())
+        assert pub is not None and pub.generation == 2
+        assert pb.MemoryTopology.FromString(pub.payload).generation == 2
+
+    asyncio.run(main())
+
+
 def events(stub: NodeAgentAsyncStub, req: apb.WatchTopologyRequest) -> AsyncIterator[apb.TopologyEvent]:
     stream: AsyncIterator[apb.TopologyEvent] = stub.WatchTopology(req).__aiter__()
     return stream

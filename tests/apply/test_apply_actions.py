@@ -8,6 +8,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -326,6 +327,14 @@ class FakeIrqbalanceSocket:
         self.commands.remove(SYNC)
         return self
 
+    def holds(self, banned: list[int], timeout: float = 30.0) -> bool:
+        """Whether the banned list becomes ``banned``: irqbalance answers no ``settings`` command, so
+        the client's send returns before this server's thread has handled it."""
+        deadline = time.monotonic() + timeout
+        while self.banned != banned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.banned == banned
+
     def close(self) -> None:
         self.sock.close()
 
@@ -344,12 +353,12 @@ def test_irqbalance_ban_merges_with_its_list_and_restores_it(short_tmp: Path) ->
     try:
         r = m.engine(irqbalance="ban").apply(plan("p", irq("a", [1], number=24), irq("b", [2], bdf="0000:3b:00.0")))
         assert r.state == P.STATE_APPLIED, r
-        assert server.settled().banned == [7, 24, 40, 41, 42]
+        assert server.holds([7, 24, 40, 41, 42]), server.banned
         assert "policy ban" in r.actions[1].details["irqbalance"]
         assert server.commands.count("setup") == 1  # read once per plan, then tracked
         rb = m.engine(irqbalance="ban").rollback("p")
         assert rb.state == P.STATE_ROLLED_BACK, rb
-        assert server.settled().banned == [7]
+        assert server.holds([7]), server.banned
     finally:
         server.close()
 

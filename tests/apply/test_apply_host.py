@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memtopo import hostfs
 from memtopo.apply import cgroups, irqbalance
 from memtopo.apply.errors import HostWriteError, PathEscapeError
 from memtopo.apply.host import (
@@ -85,6 +86,32 @@ def test_writes_inside_work_and_errors_are_typed(tree: Path) -> None:
     files.mkdir("sys/fs/cgroup/cpuset/memtopo/new")
     files.rmdir("sys/fs/cgroup/cpuset/memtopo/new")
     assert not (tree / "sys/fs/cgroup/cpuset/memtopo/new").exists()
+
+
+def test_write_read_is_confined_like_a_write(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """write_read (the IRQ write) opens a path without symlinks in one openat2 where it can, and
+    takes the component walk for any other: a link that stays below a prefix is followed, one that
+    leaves is refused, and nothing outside changes."""
+    files = HostFiles(HostFS.at(tree), ["sys/fs/cgroup/cpuset", "proc/irq"])
+    os.symlink("24", tree / "proc/irq/25")  # below the prefix: allowed, as for write()
+    assert files.write_read("proc/irq/25/smp_affinity_list", "1").strip() == "1"
+    assert (tree / "proc/irq/24/smp_affinity_list").read_text() == "1"
+    before = (tree / "etc/passwd").read_text()
+    with pytest.raises(PathEscapeError, match="resolves outside"):
+        files.write_read("sys/fs/cgroup/cpuset/memtopo/link/passwd", "pwned")
+    with pytest.raises(PathEscapeError, match="not below a writable prefix"):
+        files.write_read("etc/passwd", "pwned")
+    assert (tree / "etc/passwd").read_text() == before
+    with pytest.raises(HostWriteError) as exc:
+        files.write_read("proc/irq/99/smp_affinity_list", "1")  # never created: no O_CREAT
+    assert exc.value.errno == errno.ENOENT
+    if hostfs._openat2() is not None:
+        # No symlink on the way: the kernel's check alone, no walk.
+        def no_walk(rel: str) -> str:
+            raise AssertionError(f"walked {rel}")
+
+        monkeypatch.setattr(files, "_target", no_walk)
+        assert files.write_read("proc/irq/24/smp_affinity_list", "0-1").strip() == "0-1"
 
 
 def test_resolve_inside_checks_the_existing_part(tree: Path) -> None:

@@ -293,10 +293,10 @@ def test_plan_killed_midway_is_rolled_back_on_restart(tmp_path: Path, topo: pb.M
         plan_file = tmp_path / "plan.json"
         from memtopo.protojson import to_json
         plan_file.write_text(to_json(p))
-        env = {**os.environ, "MEMTOPO_APPLY_PAUSE_AFTER": "irq:60", "MEMTOPO_APPLY_PAUSE_MARKER": str(marker)}
-        agent = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "apply", str(plan_file), "--state-dir",
-                                  str(state)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+        # `memtopo apply` paused after the IRQ action (tests/apply_pausing.py: the CLI with a hook).
+        agent = subprocess.Popen([sys.executable, "-m", "tests.apply_pausing", "irq", "60", str(marker), "apply",
+                                  str(plan_file), "--state-dir", str(state)], cwd=REPO, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
             while not marker.exists():

@@ -6,7 +6,8 @@ record goes out with the first undo record; validation's CPU-list cache still na
 action; the cpuset hierarchy is detected again whenever the mount table changes (always on a fake
 or captured root; on the live one when procfs signals a mount, checked in a private mount
 namespace); thread ids are journaled as runs that round-trip exactly (old journals still read);
-a step predicts what it leaves only when a later step of its kind in the group reads it. All on
+a step predicts what it leaves only when a later step of its kind in the group reads it; the
+one-per-action journal records written field by field are the JSON the general encoder writes. All on
 the fake machine of tests/apply_fakes.py except the mount-namespace test (root and unshare(1))."""
 
 from __future__ import annotations
@@ -445,3 +446,32 @@ def test_a_single_thread_action_predicts_nothing(m: FakeMachine, monkeypatch: py
     r = m.engine().apply(plan("p", threads("all", 100, [1], all=True), irq("i", [3], number=24)))
     assert r.state == P.STATE_APPLIED, r
     assert calls == []
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(i=st.integers(0, 10_000), aid=_TEXT, path=_TEXT, value=_TEXT, pid=st.integers(1, PID_MAX_LIMIT - 1))
+def test_undo_and_done_records_written_field_by_field_read_as_the_dicts_do(i: int, aid: str, path: str, value: str,
+                                                                          pid: int) -> None:
+    """The one-per-action records (an IRQ action's file undo, every "done") skip building a dict:
+    what they write is the very JSON the general encoder writes, whatever the strings hold."""
+    from memtopo.apply import journal
+    from memtopo.apply.undo import FileUndo, MkdirUndo, UndoOp, to_json
+
+    ops: list[UndoOp] = [FileUndo(path, value, "list"), MkdirUndo(path, value),
+                         AffinityUndo(pid, 7, (((0, 1), (pid,)),))]
+    general = journal._encode([{"t": "undo", "i": i, "action": aid, "ops": [to_json(op) for op in ops]}])
+    assert journal._undo_line(i, aid, ops) == general
+    assert [from_json(o) for o in json.loads(general)["ops"]] == ops
+    lines: list[bytes] = []
+
+    class Capture(journal.JournalWriter):
+        def write_encoded(self, data: bytes, sync: bool = False) -> None:
+            lines.append(data)
+
+    writer = Capture.__new__(Capture)
+    writer.done([(aid, "STATUS_APPLIED"), (aid + "x", "STATUS_UNCHANGED")])
+    assert lines == [journal._encode([{"t": "done", "action": aid, "status": "STATUS_APPLIED"},
+                                      {"t": "done", "action": aid + "x", "status": "STATUS_UNCHANGED"}])]

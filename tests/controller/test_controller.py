@@ -81,6 +81,26 @@ class Clock:
         return self.now
 
 
+def test_a_snapshot_is_held_as_its_bytes_arrived() -> None:
+    """What the link read is stored, not the parsed message encoded again: bytes that protobuf would
+    encode differently (fields out of their order here) are kept exactly."""
+    from memtopo.controller.server import Received
+    from memtopo.wire import embed
+
+    # fingerprint (field 4...) before node_name and generation: valid, but not protobuf's own order.
+    payload = (pb.MemoryTopology(fingerprint="fp7").SerializeToString()
+               + pb.MemoryTopology(node_name="n1", generation=7).SerializeToString())
+    snapshot_field = apb.AgentMessage.DESCRIPTOR.fields_by_name["snapshot"].number
+    got = Received.parse(embed(apb.AgentMessage().SerializeToString(), snapshot_field, payload))
+    assert got.snapshot == payload and got.message.snapshot.SerializeToString() != payload
+    fleet = Fleet()
+    c = fleet.connect(Hello("n1", "inst-a", "boot-1", 7, "fp7"), "peer")
+    assert fleet.snapshot(c.session, got.message.snapshot, got.snapshot).stored
+    assert fleet.topology_bytes("n1") == payload
+    assert Received.parse(apb.AgentMessage(heartbeat=apb.AgentHeartbeat(generation=1)).SerializeToString()).snapshot \
+        is None
+
+
 def test_unknown_node_is_asked_for_a_snapshot_then_acked_and_summarised() -> None:
     clock = Clock()
     fleet = Fleet(clock=clock)
@@ -304,6 +324,11 @@ def test_link_hello_snapshot_ack_then_listed_and_served() -> None:
             assert abs(node.last_seen.ToNanoseconds() / 1e9 - time.time()) < 60
             assert await stub.GetNodeTopology(apb.GetNodeTopologyRequest(node_name="n1")) == t
             assert await rpc_code(stub.GetNodeTopology(apb.GetNodeTopologyRequest(node_name="zz"))) == SC.NOT_FOUND
+        async with grpc.aio.insecure_channel(addr) as channel:  # the answer's bytes: the held ones, as they are
+            raw: grpc.aio.UnaryUnaryMultiCallable[apb.GetNodeTopologyRequest, bytes] = channel.unary_unary(
+                "/memtopo.v1.ControllerAdmin/GetNodeTopology",
+                request_serializer=apb.GetNodeTopologyRequest.SerializeToString)
+            assert await raw(apb.GetNodeTopologyRequest(node_name="n1")) == running.fleet.topology_bytes("n1")
         await agent.close()
     serve(body)
 
@@ -628,6 +653,7 @@ def test_the_agents_controller_link_delivers_each_new_generation() -> None:
             state.publish(topo(0, "fp-b", name="real"))
             await wait_until(lambda: running.fleet.nodes()[0].fingerprint == "fp-b")
             assert running.fleet.nodes()[0].generation == 2
+            assert state.current is not None and running.fleet.topology_bytes("real") == state.current.payload
             async with admin(addr) as stub:
                 result = await stub.SubmitPlan(apb.SubmitPlanRequest(node_name="real", plan=plan("interop"),
                                                                      timeout_seconds=60))

@@ -105,6 +105,23 @@ def test_mtf_table_by_used_count_per_half() -> None:
         assert xpu.mtf(occupancy) == table[low][high]
 
 
+def test_ranking_looks_mtf_up_and_never_computes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 256 MTFs are a table built at import: ranking a fleet for a request size not seen before
+    (its outcome tables rebuilt) reads that table and never computes an MTF again."""
+    calls: list[int] = []
+    compute = xpu._compute_mtf
+
+    def counting(occupancy: int) -> int:
+        calls.append(occupancy)
+        return compute(occupancy)
+
+    monkeypatch.setattr(xpu, "_compute_mtf", counting)
+    xpu._table.cache_clear()
+    ranked = xpu.rank(xpu.parse_request(xpu_example_fleet(200, seed=7, request=4)))
+    assert ranked.to_json()  # a ranking came out
+    assert calls == []
+
+
 @pytest.mark.parametrize(
     ("used", "expected"),
     [((), 1), ((0, 1, 2, 3), 1), ((0,), 3), ((4,), 3), ((0, 1), 2)],
