@@ -7,10 +7,9 @@ from collections.abc import Iterable, Sequence
 
 from memtopo.cli.output import table
 from memtopo.cpulist import format_cpulist
-from memtopo.discovery.accelerators import id_order
 from memtopo.discovery.sysfs_numa import SOURCE as SYSFS_NUMA
 from memtopo.links import link_word, pair_links
-from memtopo.text import human_bytes
+from memtopo.text import human_bytes, natural_key
 from memtopo.v1 import topology_pb2 as pb
 
 # Above this many domains the pairwise link table is summarised: 64 nodes make 2016 pairs.
@@ -233,7 +232,7 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
         return []
     out = ["", "Accelerators"]
     rows = []
-    accels = sorted(topo.accelerators, key=lambda a: id_order(a.id))
+    accels = sorted(topo.accelerators, key=lambda a: natural_key(a.id))
     for a in accels:
         memory = human_bytes(a.memory_bytes) if a.memory_bytes else "-"
         if a.memory_numa_nodes:
@@ -248,7 +247,7 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
     for g in topo.accelerator_groups:
         fabric = f" (every pair {link_word(pb.AcceleratorLink(kind=g.link_kind, count=g.link_count))})" \
             if g.link_kind else ""
-        out.append(f"  {g.kind}: {' '.join(sorted(g.members, key=id_order))}{fabric}")
+        out.append(f"  {g.kind}: {' '.join(sorted(g.members, key=natural_key))}{fabric}")
     for a in accels:
         extra = "  ".join(f"{k}={v}" for k, v in sorted(a.attributes.items()))
         if extra:
@@ -264,7 +263,7 @@ def render_links(topo: pb.MemoryTopology) -> str:
     words: dict[tuple[str, str], str] = {}
     for a, b, link in pair_links(topo):
         words[(a, b)] = words[(b, a)] = link_word(link)
-    accels.sort(key=lambda a: id_order(a.id))
+    accels.sort(key=lambda a: natural_key(a.id))
     ids = [a.id for a in accels]
     out = folded_table("", ids, [(a.id, ["X" if a.id == b else words.get((a.id, b), "-") for b in ids])
                                  for a in accels],

@@ -19,7 +19,7 @@ from xml.sax.saxutils import escape
 
 from memtopo.cpulist import format_cpulist
 from memtopo.links import link_word, pair_links
-from memtopo.text import human_bytes
+from memtopo.text import human_bytes, natural_key
 from memtopo.v1 import topology_pb2 as pb
 
 FONT = 11
@@ -95,7 +95,6 @@ _RULES = "".join([
 STYLE = "".join(f".{ROOT_CLASS} {rule}" for rule in re.findall(r"[^{}]+\{[^}]*\}", _RULES))
 
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-_NUM = re.compile(r"([0-9]+)")  # ASCII digits only: int() of a superscript "¹" fails
 
 
 def _clean(s: str) -> str:
@@ -115,11 +114,6 @@ def _fit(s: str, width: float, size: int = FONT) -> str:
 
 def _text_w(s: str, size: int = FONT) -> int:
     return math.ceil(len(s) * size * CHAR_W)
-
-
-def natural_key(s: str) -> tuple[tuple[int, str | int], ...]:
-    """GPU2 before GPU10."""
-    return tuple((1, int(p)) if _NUM.fullmatch(p) else (0, p) for p in _NUM.split(s) if p)
 
 
 def compact_ids(ids: Sequence[str]) -> str:

@@ -442,6 +442,34 @@ def _kind(mode: int) -> str:
     return f"mode {mode:o}"
 
 
+# ---- one file of memtopo's own (a config, a journal) ------------------------------------------------
+class NotRegularFileError(OSError):
+    """The path is a FIFO, a device, a socket or a directory; ``strerror`` says which."""
+
+
+def read_regular(path: str | os.PathLike[str], limit: int, *, follow_symlinks: bool = True) -> bytes:
+    """At most ``limit`` + 1 bytes of a regular file, so that the caller can tell one that is larger.
+
+    O_NONBLOCK: opening a FIFO for reading would block until a writer appears, so the kind is checked
+    on the open descriptor, never before it (a device is opened but never read). Without
+    ``follow_symlinks`` a link is refused (ELOOP). Raises OSError only: NotRegularFileError for what
+    is not a regular file."""
+    flags = _READ_FLAGS | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(0, f"not a regular file ({_kind(mode)})")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 # ---- a tree handed to another reader -----------------------------------------------------------------
 # hwloc reads a captured root itself (HWLOC_FSROOT), with plain opens that follow every link against
 # the real / and read FIFOs and devices as files. Before it may, the tree is checked to be one it can

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from memtopo.cpulist import format_cpulist
 from memtopo.discovery.source import RECORDED_NVML
@@ -217,12 +218,26 @@ def tarball_bytes(entries: Mapping[str, Content]) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def load_host(fixture_dir: Path) -> SynthHost:
-    spec = importlib.util.spec_from_file_location(f"synth_{fixture_dir.name}", fixture_dir / "host.py")
+def load_module(path: Path, name: str) -> ModuleType:
+    """The Python file at ``path`` as the module ``name``, executed once per process: fixture files
+    live outside any package (each host's host.py, and the layouts several hosts share)."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    host = module.HOST
+    sys.modules[name] = module  # before it runs, as an import does
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_host(fixture_dir: Path) -> SynthHost:
+    host = load_module(fixture_dir / "host.py", f"synth_{fixture_dir.name}").HOST
     assert isinstance(host, SynthHost)
     return host
 

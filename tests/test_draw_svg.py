@@ -18,7 +18,8 @@ from memtopo.cli.main import main
 from memtopo.cpulist import parse_cpulist
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
-from memtopo.draw.svg import compact_cpus, compact_ids, natural_key, topology_svg
+from memtopo.draw.svg import compact_cpus, compact_ids, topology_svg
+from memtopo.text import natural_key
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, extracted
 
