@@ -27,7 +27,7 @@ from grpc_health.v1 import health, health_pb2
 from memtopo import __version__
 from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
-from memtopo.discovery.capture import open_root
+from memtopo.discovery.capture import context_for
 from memtopo.discovery.fingerprint import fingerprint
 from memtopo.discovery.isolated import discover_in_child
 from memtopo.discovery.source import ProbeContext
@@ -165,15 +165,6 @@ class Agent:
         self._overrun_timer.start()
 
     # ---- discovery ----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _context(self) -> Iterator[ProbeContext]:
-        root = self.config.root
-        if root in ("", "/"):
-            yield ProbeContext.live()
-            return
-        with open_root(root) as path:
-            yield ProbeContext.at_root(path)
-
     def _discover(self, ctx: ProbeContext) -> pb.MemoryTopology:
         return self._named(discover(ctx))
 
@@ -448,7 +439,7 @@ class Agent:
         self.metrics.track_unreadable_journals(lambda: len(engine.unreadable))
         tasks: list[asyncio.Task[Any]] = []
         monitor = None
-        with self._context() as ctx:
+        with context_for(self.config.root) as ctx:
             # Listening before the first discovery: a change while it runs still triggers a rescan.
             if self.config.discovery.udev and self.config.root in ("", "/"):
                 monitor = self._start_udev()

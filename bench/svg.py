@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -26,9 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.timing import timed  # noqa: E402
 from memtopo.cli.render import render  # noqa: E402
-from memtopo.discovery.capture import extract, find_root  # noqa: E402
+from memtopo.discovery.capture import context_for  # noqa: E402
 from memtopo.discovery.discover import discover  # noqa: E402
-from memtopo.discovery.source import ProbeContext  # noqa: E402
 from memtopo.draw.svg import topology_svg  # noqa: E402
 from memtopo.v1 import topology_pb2 as pb  # noqa: E402
 
@@ -43,13 +41,10 @@ INPUTS = {
 }
 
 
-def _topology(path: Path, tmp: Path) -> pb.MemoryTopology:
-    if path.suffix == ".xml":
-        return discover(ProbeContext.at_root("/", hwloc_xml=path))
-    dest = tmp / path.parent.name / path.name
-    dest.mkdir(parents=True)
-    extract(path, dest)
-    return discover(ProbeContext.at_root(find_root(dest)))
+def _topology(path: Path) -> pb.MemoryTopology:
+    xml = path.suffix == ".xml"
+    with context_for(None if xml else path, hwloc_xml=path if xml else None) as ctx:
+        return discover(ctx)
 
 
 def _time(fn: Callable[[], object], repeat: int) -> tuple[float, float, float]:
@@ -66,17 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'input':<42} {'svg median':>10} {'min':>8} {'cpu':>8} {'text cpu':>9} {'ratio':>6} "
           f"{'svg bytes':>10} {'text bytes':>10}  verdict")
     failed = False
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, path in INPUTS.items():
-            topo = _topology(path, Path(tmp))
-            svg_med, svg_min, svg_cpu = _time(partial(topology_svg, topo), args.repeat)
-            _, _, txt_cpu = _time(partial(render, topo), args.repeat)
-            size, text_size = len(topology_svg(topo).encode()), len(render(topo).encode())
-            ok = svg_cpu < TARGET_S and size < TARGET_BYTES
-            failed |= not ok
-            print(f"{name:<42} {svg_med * 1e3:8.1f}ms {svg_min * 1e3:6.1f}ms {svg_cpu * 1e3:6.1f}ms "
-                  f"{txt_cpu * 1e3:7.1f}ms {svg_cpu / txt_cpu:5.1f}x {size:>10,} {text_size:>10,}  "
-                  f"{'pass' if ok else 'FAIL'}")
+    for name, path in INPUTS.items():
+        topo = _topology(path)
+        svg_med, svg_min, svg_cpu = _time(partial(topology_svg, topo), args.repeat)
+        _, _, txt_cpu = _time(partial(render, topo), args.repeat)
+        size, text_size = len(topology_svg(topo).encode()), len(render(topo).encode())
+        ok = svg_cpu < TARGET_S and size < TARGET_BYTES
+        failed |= not ok
+        print(f"{name:<42} {svg_med * 1e3:8.1f}ms {svg_min * 1e3:6.1f}ms {svg_cpu * 1e3:6.1f}ms "
+              f"{txt_cpu * 1e3:7.1f}ms {svg_cpu / txt_cpu:5.1f}x {size:>10,} {text_size:>10,}  "
+              f"{'pass' if ok else 'FAIL'}")
     return 1 if failed else 0
 
 

@@ -10,8 +10,8 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Sequence
+from typing import NoReturn
 
 from memtopo import __version__
 from memtopo.cli import apply as apply_cli
@@ -21,40 +21,18 @@ from memtopo.cli import plan as plan_cli
 from memtopo.cli import query as query_cli
 from memtopo.cli.output import fail
 
-if TYPE_CHECKING:
-    from memtopo.discovery.source import ProbeContext
-
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
-@contextlib.contextmanager
-def context_for(root: str | None, hwloc_xml: str | None) -> Iterator[ProbeContext]:
-    from pathlib import Path
-
-    from memtopo.discovery.capture import CaptureError, open_root
-    from memtopo.discovery.source import ProbeContext
-
-    if hwloc_xml is not None:
-        xml = Path(hwloc_xml)
-        if not xml.exists():
-            raise CaptureError(f"{xml}: no such file")
-        yield ProbeContext.at_root("/", hwloc_xml=xml.absolute())
-        return
-    if root is None:
-        yield ProbeContext.live()
-        return
-    with open_root(root) as path:
-        yield ProbeContext.at_root(path)
-
-
 def cmd_topo(args: argparse.Namespace) -> int:
-    from memtopo.discovery.capture import CaptureError
-    from memtopo.discovery.discover import discover
+    from memtopo.discovery.capture import CaptureError, context_for
+    from memtopo.discovery.isolated import IsolatedDiscoveryError, discover_apart
     from memtopo.v1 import topology_pb2 as pb
 
     try:
         with context_for(args.root, args.hwloc_xml) as ctx:
-            topo = discover(ctx)
+            topo = discover_apart(ctx)
         if args.hwloc_xml is not None:
             # The export is the whole input: one hwloc could not read is an error, not an empty machine.
             hw = next((s for s in topo.sources if s.source == "hwloc"), None)
@@ -63,6 +41,9 @@ def cmd_topo(args: argparse.Namespace) -> int:
     except CaptureError as exc:
         fail(exc)
         return EXIT_USAGE
+    except IsolatedDiscoveryError as exc:
+        fail(exc)
+        return EXIT_FAILURE
     if args.root:
         topo.source_root = args.root  # the temporary extraction path means nothing to the reader
     if args.links:

@@ -4,8 +4,7 @@ and the BindingPlan a decision becomes (``memtopo.cli.plan`` parses and answers;
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -21,7 +20,6 @@ from memtopo.v1 import topology_pb2 as pb
 
 if TYPE_CHECKING:
     from memtopo.apply.host import HostFiles
-    from memtopo.discovery.source import ProbeContext
 
 CPU_BINDING_KEYS: Final = ("device_type", "allowed_cpus", "running_npus", "total_logic_npus", "topo_affinity",
                            "numa_cpus")
@@ -61,30 +59,22 @@ class Facts:
         return out
 
 
-@contextmanager
-def _context(root: str | None) -> Iterator[ProbeContext]:
-    from memtopo.cli.main import context_for
-
-    with context_for(root, None) as ctx:
-        yield ctx
-
-
 def discover_facts(root: str | None, with_irqs: bool = False, pid: int | None = None) -> Facts:
     """Discovery of ``root`` (None: this host); with the NPUs' IRQs when a plan will bind them.
 
     A plan for this host binds a process that runs here: ``pid`` must (a captured root has no
     processes; `memtopo apply` checks it where the plan runs)."""
     from memtopo.apply.host import HostFiles, Procs
-    from memtopo.discovery.capture import CaptureError
-    from memtopo.discovery.discover import discover
+    from memtopo.discovery.capture import CaptureError, context_for
+    from memtopo.discovery.isolated import IsolatedDiscoveryError, discover_apart
 
     try:
-        with _context(root) as ctx:
+        with context_for(root) as ctx:
             if root is None and pid is not None and Procs(HostFiles(ctx.fs)).stat(pid) is None:
                 raise UsageError(f"--pid {pid}: no such process on this host")
-            topo = discover(ctx)
+            topo = discover_apart(ctx)
             found = npu_irqs(HostFiles(ctx.fs), topo) if with_irqs else {}
-    except CaptureError as exc:
+    except (CaptureError, IsolatedDiscoveryError) as exc:
         raise InvalidRootError(str(exc)) from None
     return Facts(topo, root if root is not None else LIVE, found)
 

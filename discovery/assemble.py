@@ -122,6 +122,7 @@ class _Node:
 def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
     numa = _data(parts.numa)
     hw = _data(parts.hwloc)
+    hw = hw if hw is not None and hw.loaded else None
     tiers = _data(parts.tiers)
     cxl = _data(parts.cxl)
     pci = _data(parts.pci)

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from functools import cache, lru_cache, partial
 from typing import Any
 
+from memtopo.discovery import hwloc_input
 from memtopo.discovery.parts import (
     HwlocDistances,
     HwlocMemattrValue,
@@ -798,10 +799,11 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
     if src.kind == "fsroot" and not os.path.isdir(src.path):
         status.unavailable(f"hwloc root {src.path}: not a directory")
         return ProbeResult(EMPTY, status.finish())
-    if src.kind == "fsroot" and (unsafe := ctx.fs.tree_problems):
+    if src.kind == "fsroot" and (unsafe := ctx.fs.tree_problems or hwloc_input.problems(ctx.fs)):
         # hwloc opens what it finds with plain opens: a link out of the root, a FIFO or a device
-        # would be read as the host's file, block it, or never end. It never sees such a tree.
-        status.unavailable(f"hwloc not run on this root: {'; '.join(unsafe)}")
+        # would be read as the host's file, block it, or never end; and it parses what it reads as
+        # only a kernel writes it (discovery/hwloc_input.py). It never sees such a tree.
+        status.problem(f"hwloc not run on this root: {'; '.join(unsafe)}")
         return ProbeResult(EMPTY, status.finish())
 
     with _LOAD_LOCK:

@@ -481,6 +481,14 @@ MAX_TREE_FILE_BYTES = 64 << 20
 # grow with each entry of the bus directory (100,000 broken entries kept hwloc busy for minutes).
 MAX_PCI_FUNCTIONS = 16_384
 DIR_LIMITS = {"sys/bus/pci/devices": MAX_PCI_FUNCTIONS}
+# The kernel's cpumasks ("%*pb": 32-bit words in hex, comma-separated), which hwloc parses word by
+# word with sscanf, and sscanf measures the rest of the text on every call: a mask of n words costs
+# n²/2 byte reads, so the 64 KiB any attribute may have would keep hwloc busy for minutes over a few
+# thousand of them. A kernel prints at most KERNEL_MAX_CPUS bits (256 words, 2304 bytes).
+MAX_CPUMASK_BYTES = 4096
+CPUMASK_FILES = ("cpumap", "local_cpus", "shared_cpu_map", "thread_siblings", "core_siblings", "core_cpus",
+                 "cluster_cpus", "die_cpus", "package_cpus", "book_siblings", "drawer_siblings")
+FILE_LIMITS = dict.fromkeys(CPUMASK_FILES, MAX_CPUMASK_BYTES)
 _PROBLEMS_KEPT = 5
 
 
@@ -529,8 +537,9 @@ def check_tree(root: Path, max_entries: int = MAX_TREE_ENTRIES,
                         pending.append((rel, depth + 1))
                     elif entry.is_file(follow_symlinks=False):
                         size = entry.stat(follow_symlinks=False).st_size
-                        if size > max_file_bytes:
-                            problem(rel, f"larger than {max_file_bytes} bytes ({size})")
+                        most = min(max_file_bytes, FILE_LIMITS.get(entry.name, max_file_bytes))
+                        if size > most:
+                            problem(rel, f"larger than {most} bytes ({size})")
                     else:
                         problem(rel, f"not a regular file ({_kind(entry.stat(follow_symlinks=False).st_mode)})")
                 except OSError as exc:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from memtopo.discovery import isolated
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
+from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import REPO, lab_root
 
 
@@ -81,3 +84,104 @@ def test_a_failing_or_garbling_child_is_a_typed_error(monkeypatch: pytest.Monkey
     with pytest.raises(isolated.IsolatedDiscoveryError, match=message) as caught:
         asyncio.run(isolated.discover_in_child(None, timeout=60))
     assert "\x1b" not in str(caught.value)  # what the child printed is quoted escaped
+
+
+# ---- a child that dies ------------------------------------------------------------------------------
+# A discovery child whose hwloc is not guarded by the input check: hwloc's own assertion on a node
+# list of weight 0 (node/online = -1) then aborts the process, as a crashing C library does.
+UNGUARDED_HWLOC = r"""
+import sys
+from memtopo.discovery import hwloc_input
+hwloc_input.problems = lambda fs: []
+from memtopo.discovery.isolated import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _crashing_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    shutil.copytree(lab_root("single"), root, symlinks=True)
+    (root / "sys/devices/system/node/online").write_text("-1\n")
+    return root
+
+
+def _unguarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(isolated, "child_argv", lambda root: [sys.executable, "-c", UNGUARDED_HWLOC,
+                                                              *(["--root", root] if root else [])])
+
+
+def _source(topo: pb.MemoryTopology, name: str) -> pb.SourceStatus:
+    return next(s for s in topo.sources if s.source == name)
+
+
+def test_a_child_killed_by_a_c_library_costs_that_source_only(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """The child aborts inside hwloc; the retry runs without hwloc, whose source names the signal."""
+    _unguarded(monkeypatch)
+    topo = asyncio.run(isolated.discover_in_child(str(_crashing_root(tmp_path)), timeout=300))
+    hw = _source(topo, "hwloc")
+    assert hw.state == pb.SOURCE_STATE_DEGRADED
+    assert hw.reasons[0].startswith("left out: the discovery process died of SIGABRT while this probe ran")
+    assert _source(topo, "sysfs.numa").state != pb.SOURCE_STATE_UNAVAILABLE
+    assert [n.id for n in topo.numa_nodes] == [0]
+
+
+# The signal sent to the probe's own thread, as a fault in a C library is delivered to the thread
+# that faulted (a signal to the process may land on any thread, a moment later).
+DIES_IN = r"""
+import signal, sys, threading
+from memtopo.discovery import {module}
+def probe(*args, **kw):
+    signal.pthread_kill(threading.get_ident(), signal.{signal})
+{module}.probe = probe
+from memtopo.discovery.isolated import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("module", "source", "sig"), [("sysfs_tiers", "sysfs.memory_tiers", "SIGSEGV"),
+                                                         ("sysfs_pci", "sysfs.pci", "SIGKILL")])
+def test_any_signal_in_any_probe_is_that_sources_degraded_status(monkeypatch: pytest.MonkeyPatch, module: str,
+                                                                 source: str, sig: str) -> None:
+    code = DIES_IN.format(module=module, signal=sig)
+    monkeypatch.setattr(isolated, "child_argv", lambda root: [sys.executable, "-c", code, "--root", str(root)])
+    topo = asyncio.run(isolated.discover_in_child(str(lab_root("dual-socket-tiered")), timeout=300))
+    status = _source(topo, source)
+    assert status.state == pb.SOURCE_STATE_DEGRADED
+    assert f"died of {sig} while this probe ran" in status.reasons[0]
+    assert len(topo.domains) == 3 and _source(topo, "sysfs.numa").state == pb.SOURCE_STATE_OK
+
+
+def test_a_child_that_dies_outside_any_probe_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _with_child(monkeypatch, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    with pytest.raises(isolated.IsolatedDiscoveryError, match="died of SIGSEGV outside any probe"):
+        asyncio.run(isolated.discover_in_child(None, timeout=60))
+
+
+# `memtopo topo` with its discovery child unguarded, as above.
+UNGUARDED_COMMAND = rf"""
+import sys
+from memtopo.discovery import isolated
+isolated.child_argv = lambda root: [sys.executable, "-c", {UNGUARDED_HWLOC!r}, *(["--root", root] if root else [])]
+from memtopo.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", [("topo", "--format", "json"), ("k8s", "nrt", "--node-name", "lab-1")])
+def test_a_command_whose_child_dies_reports_and_leaves_no_extraction(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """A captured archive is extracted by the command and read by its child: the child's death
+    costs hwloc's source, and the extraction is removed all the same."""
+    root = _crashing_root(tmp_path)
+    tarball = tmp_path / "root.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tf:
+        tf.add(root, arcname="capture")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    res = subprocess.run([sys.executable, "-c", UNGUARDED_COMMAND, *command, "--root", str(tarball)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(scratch)},
+                         check=False)
+    assert res.returncode == 0, res.stderr[-600:]
+    # topo shows hwloc's status; the NodeResourceTopology has no sources, but its zone all the same.
+    assert ("died of SIGABRT" in res.stdout) if command[0] == "topo" else ("name: node-0" in res.stdout)
+    assert not list(scratch.iterdir())

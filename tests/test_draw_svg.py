@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from memtopo.cli.main import main
 from memtopo.cpulist import parse_cpulist
+from memtopo.discovery.capture import context_for
 from memtopo.discovery.discover import discover
-from memtopo.discovery.source import ProbeContext
 from memtopo.draw.svg import compact_cpus, compact_ids, topology_svg
 from memtopo.text import natural_key
 from memtopo.v1 import topology_pb2 as pb
@@ -35,11 +35,16 @@ def _id(p: Path) -> str:
     return p.parent.name if p.name == "root.tar.gz" else p.name
 
 
+def discovered(path: Path) -> pb.MemoryTopology:
+    xml = path.suffix == ".xml"
+    with context_for(None if xml else extracted(path), hwloc_xml=path if xml else None) as ctx:
+        return discover(ctx)
+
+
 @cache
 def topo_of(path: Path) -> pb.MemoryTopology:
     """Discovered once per session; callers get their own copy to change."""
-    ctx = ProbeContext.at_root("/", hwloc_xml=path) if path.suffix == ".xml" else ProbeContext.at_root(extracted(path))
-    return discover(ctx)
+    return discovered(path)
 
 
 def fresh(path: Path) -> pb.MemoryTopology:
@@ -160,8 +165,7 @@ def test_same_topology_same_bytes_whatever_the_order_of_the_lists(name: str) -> 
     path = next(p for p in INPUTS if _id(p) == name)
     first = topology_svg(fresh(path))
     # A second discovery of the same capture: nothing volatile (time, durations) reaches the picture.
-    again = discover(ProbeContext.at_root("/", hwloc_xml=path) if path.suffix == ".xml"
-                     else ProbeContext.at_root(extracted(path)))
+    again = discovered(path)
     assert topology_svg(again) == first
     shuffled = fresh(path)
     rng = random.Random(7)
