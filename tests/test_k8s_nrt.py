@@ -355,3 +355,22 @@ def test_cli_refuses_a_bad_node_name(capsys: pytest.CaptureFixture[str]) -> None
     root = str(SYNTH / "gh200" / "root.tar.gz")
     assert main(["k8s", "nrt", "--root", root, "--node-name", "Not A Name"]) == 2
     assert "not a Kubernetes node name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["empty directory", "missing path", "garbage tarball"])
+def test_cli_handles_a_root_it_cannot_read_as_topo_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        kind: str) -> None:
+    """These were tracebacks from `k8s nrt --root`; `topo --root` said what was wrong and exited 2."""
+    root = tmp_path / ("empty" if kind == "empty directory" else "missing" if kind == "missing path" else "x.tar.gz")
+    if kind == "empty directory":
+        root.mkdir()
+    elif kind == "garbage tarball":
+        root.write_bytes(b"\x1f\x8b not a gzip stream, nor a tar")
+    answers = []
+    for argv in (["topo", "--root", str(root)], ["k8s", "nrt", "--root", str(root), "--node-name", "n1"]):
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        answers.append((rc, out, err))
+    (topo_rc, _, topo_err), (nrt_rc, nrt_out, nrt_err) = answers
+    assert nrt_rc == topo_rc == 2 and nrt_out == ""
+    assert nrt_err == topo_err and nrt_err.startswith(f"memtopo: {root}") and "Traceback" not in nrt_err
