@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from memtopo.cli.output import table
@@ -19,6 +21,9 @@ MAX_LINK_ROWS = 16
 MAX_WIDTH = 100
 # Pairs with measured performance listed one by one when the link table is summarised.
 MAX_MEASURED_ROWS = 16
+# Past this many nodes the SLIT matrix is summarised by distance (a 64-node matrix folds into a few
+# blocks; a 1,024-node one would be a million numbers).
+MAX_SLIT_ROWS = 64
 
 
 def _ids(ids: Iterable[int]) -> str:
@@ -121,7 +126,12 @@ def render(topo: pb.MemoryTopology, all_sources: bool = False) -> str:
     out += table(["NODE", "STATE", "HAS", "CPUS", "MEMORY", "DOMAIN", "HMAT-INITIATORS", "PACKAGES", "NOTE"], rows)
 
     with_rows = [n for n in topo.numa_nodes if n.distances]
-    if with_rows:
+    if len(with_rows) > MAX_SLIT_ROWS:
+        # A thousand rows of a thousand numbers is no view: how many pairs are how far apart.
+        counts = Counter(itertools.chain.from_iterable(n.distances for n in with_rows))
+        out += ["", f"NUMA distances (SLIT) of {len(with_rows)} nodes (--format json has each row)"]
+        out += table(["DISTANCE", "ENTRIES"], [[str(d), str(k)] for d, k in sorted(counts.items())])
+    elif with_rows:
         cols = list(with_rows[0].distance_nodes)
         out += ["", "NUMA distances (SLIT)"]
         out += folded_table("node", list(map(str, cols)), [(str(n.id), list(map(str, n.distances))) for n in with_rows])
@@ -187,9 +197,13 @@ def render(topo: pb.MemoryTopology, all_sources: bool = False) -> str:
 def _interconnects(topo: pb.MemoryTopology) -> list[str]:
     """Domain pairs named by their NUMA nodes (the SLIT matrix's ids). Past MAX_LINK_ROWS domains,
     grouped by link and distance, with the pairs that carry measured performance listed."""
+    omitted = (f"  and {topo.slit_only_pairs_omitted} pairs with SLIT distances only (the SLIT above; "
+               "--format json: domains[].distances)" if topo.HasField("slit_only_pairs_omitted") else "")
     if not topo.interconnects:
-        return []
+        return ["", "Interconnects (NUMA nodes)", omitted] if omitted else []
     out = ["", "Interconnects (NUMA nodes; --format json has each pair)"]
+    if omitted:
+        out.append(omitted)
 
     def ends(i: pb.MemoryInterconnect) -> str:
         return f"{_node_of(topo, i.domain_a, i.numa_node_a)}↔{_node_of(topo, i.domain_b, i.numa_node_b)}"

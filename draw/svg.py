@@ -694,7 +694,9 @@ def _matrix_cells(n: int, cell: int, color_of: Callable[[int, int], str], words:
 
 def _interconnect_matrix(m: _Model) -> Block:
     if len(m.domains) > MATRIX_MAX:
-        counts = Counter(i.distance_a_to_b for i in _pairs(m))
+        # From the domains' SLIT rows: above 64 domains most pairs are no interconnect message.
+        _, rows = _slit_matrix(m)
+        counts = Counter(itertools.chain.from_iterable(row[k + 1:] for k, row in enumerate(rows)))
         lines = [f"{len(m.domains)} domains: no matrix above {MATRIX_MAX} (--format json has every distance)",
                  *(f"SLIT {v}: {counts[v]} pairs" for v in sorted(counts))]
         return _text_block([(t, "s") for t in lines])
@@ -719,7 +721,7 @@ def _interconnect_matrix(m: _Model) -> Block:
 
 def _interconnect(m: _Model) -> Block:
     pairs = _pairs(m)
-    if not pairs:
+    if not pairs and not m.topo.HasField("slit_only_pairs_omitted"):
         return Block(0, 0)
     body = _interconnect_graph(m) if len(m.domains) <= GRAPH_MAX_DOMAINS else _interconnect_matrix(m)
     rows = _perf_rows(m)

@@ -177,6 +177,31 @@ def tree(host: SynthHost) -> dict[str, Content]:
     return files
 
 
+def numa_scale_host(nodes: int, cpus_per_node: int = 2, nodes_per_package: int = 8) -> SynthHost:
+    """A host of ``nodes`` NUMA nodes, every one online with memory and CPUs, for scale (1,024 is the
+    kernel's MAX_NUMNODES; more is a hostile root): SLIT 10 to itself, 12 within its package of
+    ``nodes_per_package``, 32 beyond."""
+    def row(i: int) -> list[int]:
+        return [10 if i == j else 12 if i // nodes_per_package == j // nodes_per_package else 32
+                for j in range(nodes)]
+    return SynthHost(f"numa-{nodes}", [
+        SynthNode(i, list(range(i * cpus_per_node, (i + 1) * cpus_per_node)), 4 << 30, row(i),
+                  package=i // nodes_per_package)
+        for i in range(nodes)])
+
+
+def write_root(dest: Path, entries: Mapping[str, Content]) -> Path:
+    """A tree's files under ``dest`` (links as links), as its tarball would extract."""
+    for rel, body in entries.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if body.startswith("-> "):
+            path.symlink_to(body[3:])
+        else:
+            path.write_text(body if body.endswith("\n") or not body else body + "\n")
+    return dest
+
+
 def fixture_files(fixture_dir: Path) -> dict[str, Content]:
     """The host's tree plus what is recorded with it: ``tools/`` and ``nvml.json`` go under
     ``.memtopo/``, where ``ProbeContext.at_root`` replays them from."""
