@@ -64,7 +64,7 @@ class _Slot:
         self.done = threading.Event()
         self.own_thread = False
         self.started_at: float | None = None
-        self.started = threading.Event()
+        self.started: threading.Event | None = None  # a probe on its own thread sets it as it starts
         self._finishing = threading.Lock()
 
     def settle(self, backstop: _Backstop, deadline_s: float) -> None:
@@ -72,6 +72,7 @@ class _Slot:
         running then is reported overdue and its part is None."""
         if self.done.is_set():
             return
+        assert self.started is not None
         self.started.wait()
         assert self.started_at is not None
         if not self.done.wait(max(0.0, deadline_s - (time.perf_counter() - self.started_at))) and self.finish(None):
@@ -170,7 +171,8 @@ def _call(spec: ProbeSpec, ctx: ProbeContext, needed: tuple[ProbeResult[Any] | N
         t0 = time.perf_counter()
         absent = spec.absent_result(c, needed)
         if absent is not None:
-            return ProbeResult(absent.data, dataclasses.replace(absent.status, duration_s=time.perf_counter() - t0))
+            st = absent.status
+            return ProbeResult(absent.data, SourceStatus(st.source, st.state, st.reasons, time.perf_counter() - t0))
         return spec.function()(c, *needed)
     return run
 
@@ -205,6 +207,7 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
                 args = needed(slot.spec)
             finally:
                 slot.started_at = time.perf_counter()
+                assert slot.started is not None
                 slot.started.set()
             result = backstop.guarded(slot.spec.source, _call(slot.spec, ctx, args))
         finally:
@@ -220,6 +223,7 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
     try:
         for slot in own:  # all known as threaded before any starts and asks about another
             slot.own_thread = True
+            slot.started = threading.Event()
         for slot in own:
             _spawn(functools.partial(threaded, slot))
         _run_lane([slot for slot in slots.values() if not slot.own_thread], in_lane, backstop, ctx.deadline_s)
@@ -227,7 +231,8 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
             slot.settle(backstop, ctx.deadline_s)
     finally:
         for slot in slots.values():
-            slot.finish(None)  # nothing waits forever on a probe that never ran
+            if not slot.done.is_set():
+                slot.finish(None)  # nothing waits forever on a probe that never ran
     parts: dict[str, Any] = {}
     accelerators: dict[str, ProbeResult[AcceleratorPart]] = {}
     for slot in slots.values():

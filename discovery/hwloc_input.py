@@ -10,12 +10,13 @@ fails keeps hwloc off the root (its source says why) while the kernel-file probe
 Checked: the node and CPU lists hwloc reads (``node/online``, ``cpu/online``, the hybrid PMUs'
 ``cpus``, the cgroup's cpus and mems as hwloc finds them) and the lists that bound them
 (``cpu/possible`` gives nr_cpu_ids); the ``nodeN`` and ``cpuN`` directory names hwloc turns into
-bitmap indexes; each node's ``cpumap`` (CPUs below nr_cpu_ids) and ``meminfo`` (a MemTotal whose
-bytes fit in 64 bits); the processors in ``/proc/cpuinfo`` (one record each, at most NR_CPUS); and
-paths hwloc builds from file contents (a cgroup name, a CXL region's decoder) that would climb out of
-the root. The sizes of the cpumasks hwloc parses are held by the tree check (hostfs.FILE_LIMITS).
-Lists must be in the kernel's own form: ascending decimal ids and ranges, nothing else, so that what
-is checked is what hwloc's ``strtoul`` will read.
+bitmap indexes; each node's ``cpumap`` (CPUs below nr_cpu_ids), ``meminfo`` (a MemTotal whose
+bytes fit in 64 bits) and ``distance`` (a row of byte-sized distances, one per node); the
+processors in ``/proc/cpuinfo`` (one record each, at most NR_CPUS); and paths hwloc builds from
+file contents (a cgroup name, a CXL region's decoder) that would climb out of the root. The sizes
+of the cpumasks hwloc parses are held by the tree check (hostfs.FILE_LIMITS). Lists must be in
+the kernel's own form: ascending decimal ids and ranges, nothing else, so that what is checked is
+what hwloc's ``strtoul`` will read.
 """
 
 from __future__ import annotations
@@ -168,6 +169,18 @@ def _node(fs: HostFS, out: _Problems, node: int, cpu_limit: int) -> None:
             if highest >= cpu_limit:
                 out.add(f"{base}/cpumap", f"CPU {highest} beyond nr_cpu_ids {cpu_limit}")
     _meminfo(fs, out, f"{base}/meminfo")
+    _distances(fs, out, f"{base}/distance")
+
+
+def _distances(fs: HostFS, out: _Problems, rel: str) -> None:
+    """A SLIT row as the kernel prints it: one distance of at most 255 (a byte) per online node, at
+    most MAX_NUMNODES of them, space-separated decimals (hwloc reads them with strtoul)."""
+    text = _read(fs, out, rel)
+    if text is None:
+        return
+    values = text.split()
+    if len(values) > KERNEL_MAX_NODES or not all(v.isdigit() and v.isascii() and len(v) <= 3 for v in values):
+        out.add(rel, f"not a row of distances the kernel writes: {excerpt(text.strip())}")
 
 
 def _meminfo(fs: HostFS, out: _Problems, rel: str) -> None:

@@ -22,6 +22,7 @@ import stat
 import struct
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
@@ -189,13 +190,17 @@ class HostFS:
     def tree_problems(self) -> tuple[str, ...]:
         """check_tree of a captured root, made once per HostFS, on first use (a root is checked when
         it is opened, as a tarball's members are when it is extracted); the live root has none."""
-        found: tuple[str, ...] | None = self.__dict__.get("_tree_problems")
-        if found is None:
-            with _TREE_CHECK_LOCK:  # probes on several threads ask at once: check once
-                found = self.__dict__.get("_tree_problems")
-                if found is None:
-                    found = tuple(check_tree(self.root)) if self._root_str else ()
-                    self.__dict__["_tree_problems"] = found
+        return self.once("tree_problems", lambda: tuple(check_tree(self.root)) if self._root_str else ())
+
+    def once[T](self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, made once per HostFS (per ``key``) on first use: a check of a captured root
+        holds for as long as it is open, as the tree check does."""
+        slot = f"_once_{key}"
+        if slot not in self.__dict__:
+            with _TREE_CHECK_LOCK:  # probes on several threads ask at once: compute once
+                if slot not in self.__dict__:
+                    self.__dict__[slot] = compute()
+        found: T = self.__dict__[slot]
         return found
 
     @property

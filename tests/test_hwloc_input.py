@@ -147,6 +147,9 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
     "node0 cpumap beyond nr_cpu_ids": (f"{NODE}/node0/cpumap", "00000100\n", "CPU 8 beyond nr_cpu_ids 2"),
     "node0 MemTotal 2^60 kB": (f"{NODE}/node0/meminfo", f"Node 0 MemTotal: {1 << 60} kB\n", "not a size in 64 bits"),
     "MemTotal not a number": ("proc/meminfo", "MemTotal: 1e9 kB\n", "not a size in 64 bits"),
+    "node0 distance -1": (f"{NODE}/node0/distance", "-1\n", "not a row of distances the kernel writes"),
+    "node0 distance of 2000 columns": (f"{NODE}/node0/distance", "10 " * 2000 + "\n",
+                                       "not a row of distances the kernel writes"),
     "cpuinfo of 10,000 processors": ("proc/cpuinfo", "".join(f"processor\t: {i}\n\n" for i in range(10_000)),
                                      "10000 processor entries"),
 }
