@@ -24,6 +24,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
 from memtopo.model import frozen
@@ -195,12 +196,13 @@ class HostFS:
     def once[T](self, key: str, compute: Callable[[], T]) -> T:
         """``compute()``, made once per HostFS (per ``key``) on first use: a check of a captured root
         holds for as long as it is open, as the tree check does."""
-        slot = f"_once_{key}"
-        if slot not in self.__dict__:
+        made: dict[str, Any] | None = self.__dict__.get("_once")
+        if made is None or key not in made:
             with _TREE_CHECK_LOCK:  # probes on several threads ask at once: compute once
-                if slot not in self.__dict__:
-                    self.__dict__[slot] = compute()
-        found: T = self.__dict__[slot]
+                made = self.__dict__.setdefault("_once", {})
+                if key not in made:
+                    made[key] = compute()
+        found: T = made[key]
         return found
 
     @property
@@ -208,7 +210,12 @@ class HostFS:
         """Whether lookups must be made inside the root one by one: a captured tree that holds a
         link out of it, a FIFO, a device or an oversized file. A tree without any (every real
         capture) is read by plain paths, which then cannot leave it, at the cost they always had."""
-        return bool(self._root_str) and bool(self.tree_problems)
+        # Asked on every read: answered from the instance once known.
+        confined: bool | None = self.__dict__.get("_confined_known")
+        if confined is None:
+            confined = bool(self._root_str) and bool(self.tree_problems)
+            self.__dict__["_confined_known"] = confined
+        return confined
 
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> HostFS:

@@ -567,7 +567,7 @@ def test_the_component_walk_answers_as_the_kernels_in_root_walk(
         (root / "outside-marker").write_text("inside")
         _build(root, entries)
         fs = HostFS.at(root)
-        fs.__dict__["_once_tree_problems"] = ("forced",)  # the confined path, whatever the tree
+        fs.__dict__["_confined_known"] = True  # the confined path, whatever the tree
         for rel in lookups:
             if ".." in rel.split("/"):
                 continue  # refused before any lookup
