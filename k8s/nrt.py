@@ -400,7 +400,7 @@ def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet:
     if object_bytes(whole(())) > fits:
         attributes = none
         left_out.append(f"attributes (the memtopo.io/ facts of {len(nodes)} zones)")
-    entries = sum(1 for node in nodes for other in node.distance_nodes if other in zone_ids)
+    entries = sum(len(zone_ids.intersection(node.distance_nodes)) for node in nodes)
     if entries and object_bytes(whole(())) + entries * _MIN_COST_BYTES <= fits:
         costs = [_costs(node, zone_ids) for node in nodes]
         if object_bytes(whole(())) > fits:
