@@ -7,9 +7,11 @@ takes all of it with it. A child can also be killed: a thread stuck in a driver 
 capture put where a file should be, cannot, and would keep the agent from exiting.
 
 And a child can die: a C library (hwloc, NVML) that crashes on what it reads takes the process
-with it. The child says on stderr which probes are running; when it dies of a signal, discovery
-runs again without the probes that were running then, and their sources say what happened (a
-probe the retry also dies in is left out too, so a crash costs its sources, never the topology).
+with it. The child says on stderr which probe starts and ends on which thread, and faulthandler
+names the thread a fatal signal hit; when the child dies of a signal, discovery runs again without
+the probe it died in (without every probe then running, where no thread is named), and its source
+says what happened. A probe the retry also dies in is left out too: a crash costs its sources,
+never the topology.
 
     python -m memtopo.discovery.isolated [--root DIR | --hwloc-xml FILE] [--leave-out SOURCE=REASON ...]
     # the serialized MemoryTopology on stdout
@@ -21,9 +23,11 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import faulthandler
 import os
 import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,8 +42,10 @@ if TYPE_CHECKING:
 MAX_OUTPUT_BYTES = 64 << 20
 # What a command waits for its child at most (each probe inside has its own deadline).
 COMMAND_TIMEOUT_SECONDS = 3600.0
-# The child's stderr lines telling which probe starts and ends.
+# The child's stderr lines telling which probe starts and ends, and on which thread.
 PROBE_MARK = "memtopo-probe"
+# How faulthandler names the thread a fatal signal was delivered to.
+_FAULTED = "Current thread "
 
 
 class IsolatedDiscoveryError(Exception):
@@ -51,18 +57,27 @@ def child_argv(root: str | None) -> list[str]:
 
 
 def _running_at_death(err: bytes) -> list[str]:
-    """The probes that had started and not ended by the child's last words, in starting order."""
-    running: dict[str, None] = {}
+    """The probes the child died in, in starting order: the one on the thread that took the signal
+    (faulthandler names it as the "Current thread"), else every one started and not ended."""
+    running: dict[str, int] = {}
+    faulted: int | None = None
     for line in err.decode("utf-8", "replace").splitlines():
+        if line.startswith(_FAULTED):
+            with contextlib.suppress(ValueError):
+                faulted = int(line[len(_FAULTED):].split()[0], 16)
+            continue
         mark, _, rest = line.partition(" ")
         if mark != PROBE_MARK:
             continue
-        what, _, source = rest.partition(" ")
+        what, _, rest = rest.partition(" ")
+        source, _, thread = rest.partition(" ")
         if what == "start":
-            running[source] = None
+            with contextlib.suppress(ValueError):
+                running[source] = int(thread, 16)
         elif what == "end":
             running.pop(source, None)
-    return list(running)
+    on_that_thread = [source for source, thread in running.items() if thread == faulted]
+    return on_that_thread or list(running)
 
 
 def _signal_name(number: int) -> str:
@@ -145,7 +160,7 @@ def _leave_out(values: Sequence[str]) -> Mapping[str, str]:
 
 def _tell(source: str, starting: bool) -> None:
     # One write(2) of a short line: whole in the pipe even with probes on several threads.
-    os.write(2, f"{PROBE_MARK} {'start' if starting else 'end'} {source}\n".encode())
+    os.write(2, f"{PROBE_MARK} {'start' if starting else 'end'} {source} {threading.get_ident():#x}\n".encode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--leave-out", action="append", default=[], metavar="SOURCE=REASON",
                     help="a source not to run, and the reason its status gives")
     args = ap.parse_args(argv)
+    # On a fatal signal (SIGSEGV, SIGABRT, SIGBUS …) the thread it hit is named on stderr, and so the
+    # probe the parent leaves out the next time (a SIGKILL names none: then every probe running).
+    faulthandler.enable()
     from memtopo.discovery.discover import discover
     from memtopo.discovery.source import ProbeContext
 

@@ -185,3 +185,15 @@ def test_a_command_whose_child_dies_reports_and_leaves_no_extraction(tmp_path: P
     # topo shows hwloc's status; the NodeResourceTopology has no sources, but its zone all the same.
     assert ("died of SIGABRT" in res.stdout) if command[0] == "topo" else ("name: node-0" in res.stdout)
     assert not list(scratch.iterdir())
+
+
+def test_the_probe_blamed_is_the_one_on_the_thread_the_signal_hit() -> None:
+    """Probes run side by side (hwloc beside the sysfs lane): faulthandler's "Current thread" names
+    the one that crashed; without it (SIGKILL has no handler) every probe still running is."""
+    err = (b"memtopo-probe start hwloc 0x7f00000000a0\n"
+           b"memtopo-probe start sysfs.numa 0x7f00000000b0\n"
+           b"memtopo-probe start sysfs.pci 0x7f00000000b0\nmemtopo-probe end sysfs.pci 0x7f00000000b0\n")
+    faulted = b"Fatal Python error: Aborted\n\nCurrent thread 0x00007f00000000a0 (most recent call first):\n"
+    assert isolated._running_at_death(err + faulted) == ["hwloc"]
+    assert isolated._running_at_death(err) == ["hwloc", "sysfs.numa"]
+    assert isolated._running_at_death(err + faulted.replace(b"a0 (", b"c0 (")) == ["hwloc", "sysfs.numa"]
