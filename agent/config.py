@@ -15,7 +15,6 @@ import math
 import os
 import re
 import socket
-import stat
 import tempfile
 import tomllib
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from typing import Any, Literal, get_args
 from memtopo.addresses import AddressError, is_loopback, parse_host_port
 from memtopo.apply import cgroups
 from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
+from memtopo.hostfs import NotRegularFileError, read_regular
 from memtopo.k8s.defaults import DEFAULT_POD_RESOURCES_SOCKET
 from memtopo.text import shorten
 
@@ -559,30 +559,6 @@ def _check_readable(cfg: AgentConfig) -> None:
             raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}", cfg.source) from None
 
 
-class _NotRegularError(Exception):
-    """What the path is instead of a regular file."""
-
-
-def _read_regular(path: Path, limit: int) -> bytes:
-    """At most ``limit`` bytes of a regular file. O_NONBLOCK: opening a FIFO for reading blocks
-    until a writer appears, so the kind is checked on the open descriptor, never before it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
-                     stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
-            raise _NotRegularError(kinds.get(stat.S_IFMT(st.st_mode), "not a file"))
-        chunks: list[bytes] = []
-        size = 0
-        while size < limit and (chunk := os.read(fd, min(1 << 16, limit - size))):
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def check_host(cfg: AgentConfig) -> None:
     """What the configuration names on this host, checked before anything starts, so that a value
     that cannot work stops the agent with its key (exit 78) instead of a traceback later: the
@@ -609,11 +585,11 @@ def load_config(path: Path | None) -> AgentConfig:
         return parse_config("", "<defaults>")
     source = str(path)
     try:
-        raw = _read_regular(path, MAX_CONFIG_BYTES + 1)
+        raw = read_regular(path, MAX_CONFIG_BYTES)
+    except NotRegularFileError as exc:
+        raise ConfigError("", f"{exc.strerror}: not a config file", source) from None
     except OSError as exc:
         raise ConfigError("", f"cannot read: {exc.strerror or exc}", source) from None
-    except _NotRegularError as exc:
-        raise ConfigError("", f"not a regular file ({exc}): not a config file", source) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError("", f"larger than {MAX_CONFIG_BYTES} bytes: not a config file", source)
     try:

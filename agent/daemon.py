@@ -33,7 +33,7 @@ from memtopo.apply.engine import Engine
 from memtopo.apply.host import Host
 from memtopo.backoff import Backoff
 from memtopo.discovery import changes
-from memtopo.discovery.capture import open_root
+from memtopo.discovery.capture import context_for
 from memtopo.discovery.changes import Change
 from memtopo.discovery.isolated import Discovered, DiscoveryHelper
 from memtopo.discovery.source import ProbeContext
@@ -204,15 +204,6 @@ class Agent:
         self._overrun_timer.start()
 
     # ---- discovery ----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _context(self) -> Iterator[ProbeContext]:
-        root = self.config.root
-        if root in ("", "/"):
-            yield ProbeContext.live()
-            return
-        with open_root(root) as path:
-            yield ProbeContext.at_root(path)
-
     def _discover_here(self, ctx: ProbeContext, change: Change, generation: int) -> Discovered:
         if self._rescanner is None:
             from memtopo.discovery.discover import Rescanner
@@ -526,7 +517,7 @@ class Agent:
         self.engine = engine
         self.metrics.track_unreadable_journals(lambda: len(engine.unreadable))
         monitor = None
-        with self._context() as ctx:
+        with context_for(self.config.root) as ctx:
             # Listening before the first discovery: a change while it runs still triggers a rescan.
             if self.config.discovery.udev and self.config.root in ("", "/"):
                 monitor = self._start_udev()

@@ -49,7 +49,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +60,8 @@ from google.protobuf.message import DecodeError
 from memtopo.apply.errors import StateError
 from memtopo.apply.host import StateFiles, write_all
 from memtopo.apply.undo import FileUndo, UndoFormatError, UndoOp, from_json, to_json
+from memtopo.hostfs import read_regular
+from memtopo.text import excerpt
 from memtopo.v1 import plan_pb2 as planpb
 
 JOURNAL_SUFFIX = ".journal.jsonl"
@@ -256,41 +257,6 @@ def _undo_line(i: int, aid: str, ops: Sequence[UndoOp]) -> bytes:
     return f'{{"t":"undo","i":{i:d},"action":{text(aid)},"ops":[{",".join(parts)}]}}\n'.encode()
 
 
-def excerpt(text: str) -> str:
-    """A short, escaped excerpt of what a damaged file held, for messages."""
-    short = text[:EXCERPT_CHARS]
-    return ascii(short) + ("…" if len(text) > EXCERPT_CHARS else "")
-
-
-def read_regular(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, at most ``limit`` + 1 of them: never through a symlink, never a FIFO
-    or a device (O_NONBLOCK: opening a FIFO cannot block). OSError with the reason."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise OSError(0, f"not a regular file ({_kind(mode)})")
-        chunks: list[bytes] = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
-        if test(mode):
-            return name
-    return "not a file"
-
-
 def _reason(exc: OSError) -> str:
     if exc.errno == errno.ELOOP:
         return "a symlink (refused)"
@@ -477,7 +443,7 @@ class StateStore:
 
     def _load(self, path: Path) -> StoredResult | None:
         try:
-            data = read_regular(path, MAX_RESULT_BYTES)
+            data = read_regular(path, MAX_RESULT_BYTES, follow_symlinks=False)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -491,7 +457,7 @@ class StateStore:
             return StoredResult(str(obj["plan_id"]), str(obj["plan_sha256"]), result)
         except (ValueError, KeyError, TypeError, DecodeError) as exc:
             raise StateError(f"{path}: unreadable result ({type(exc).__name__}): "
-                             f"{excerpt(data.decode('utf-8', 'replace'))}") from exc
+                             f"{excerpt(data.decode('utf-8', 'replace'), EXCERPT_CHARS)}") from exc
 
     def results(self) -> list[StoredResult]:
         """Every stored result; one that cannot be read is listed as such (state unspecified, the
@@ -533,7 +499,7 @@ class StateStore:
     def _read(self, path: Path) -> JournalState:
         st = JournalState(path.name.removesuffix(JOURNAL_SUFFIX), path=str(path))
         try:
-            data = read_regular(path, MAX_JOURNAL_BYTES)
+            data = read_regular(path, MAX_JOURNAL_BYTES, follow_symlinks=False)
         except OSError as exc:
             st.unreadable = _reason(exc)
             st.problems.append(f"{path}: {st.unreadable}")
@@ -552,7 +518,7 @@ class StateStore:
             except (ValueError, KeyError, TypeError, AttributeError, UndoFormatError, DecodeError) as exc:
                 if n == len(lines) - 1:
                     continue  # torn last record (no newline after it): its change never started
-                st.problems.append(f"{path} line {n + 1}: {type(exc).__name__}: {excerpt(str(exc))}")
+                st.problems.append(f"{path} line {n + 1}: {type(exc).__name__}: {excerpt(str(exc), EXCERPT_CHARS)}")
                 kind = _TYPE_RE.search(line[:200])
                 if kind is None or kind.group(1) == "undo":
                     aid = _ACTION_RE.search(line[:600])

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.report import Report  # noqa: E402
 from bench.roots import HWLOC_XML, hwloc_root, synthesized_root  # noqa: E402
+from memtopo.discovery.capture import context_for  # noqa: E402
 from memtopo.discovery.source import ProbeContext  # noqa: E402
 
 # name -> (kind, path); "this host" reads the live root.
@@ -43,11 +44,6 @@ ROOTS: dict[str, tuple[str, str]] = {
     "gh200-quad (36 nodes)": ("synth", "gh200-quad"),
     "this host": ("live", "/"),
 }
-
-
-def _context(kind: str, path: str) -> ProbeContext:
-    return (ProbeContext.at_root("/", hwloc_xml=Path(path)) if kind == "xml"
-            else ProbeContext.live() if kind == "live" else ProbeContext.at_root(path))
 
 
 def _hwloc_load(ctx: ProbeContext, plugins: bool = True) -> Callable[[], None]:
@@ -106,9 +102,9 @@ def measure_one(name: str, repeat: int) -> dict[str, float]:
         path, kind = str(synthesized_root(arg)), "fsroot"
     else:
         path = "/"
-    ctx = _context(kind, path)
-    base_s, full_s, bare_s = _time_interleaved(
-        [_hwloc_load(ctx), _discover(ctx), _hwloc_load(ctx, plugins=False)], repeat)
+    with context_for(None if kind == "xml" else path, hwloc_xml=path if kind == "xml" else None) as ctx:
+        base_s, full_s, bare_s = _time_interleaved(
+            [_hwloc_load(ctx), _discover(ctx), _hwloc_load(ctx, plugins=False)], repeat)
     base_min, base_med = min(base_s), statistics.median(base_s)
     full_min, full_med = min(full_s), statistics.median(full_s)
     bare_med = statistics.median(bare_s)

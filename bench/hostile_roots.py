@@ -1,12 +1,17 @@
 """Peak RSS and wall time of `memtopo topo` on hostile inputs: captured roots with links out of the
-root, FIFOs, devices, huge numbers, a flood of dangling PCI entries; broken tarballs; hwloc XML that
-is not one. Each fixture is a copy of a numa-vm lab capture (or a lab tarball, or an hwloc XML
-fixture) with one hostile change, generated in a temporary directory.
+root, FIFOs, devices, huge numbers, node lists that crashed hwloc, a flood of dangling PCI entries;
+broken tarballs; hwloc XML that is not one. Each fixture is a copy of a numa-vm lab capture (or a lab
+tarball, or an hwloc XML fixture) with one hostile change, generated in a temporary directory.
+
+And roots of many NUMA nodes (tests.synth.numa_scale_host): 1,024, the kernel's MAX_NUMNODES, where
+`topo --format json` and `k8s nrt` are held to targets: at most 5 s and 300 MiB each, and an object of
+at most 1.5 MB; and 1,100, more than a kernel has, which must end in a clear answer.
 
     .venv/bin/python bench/hostile_roots.py [--keep DIR] [--timeout S] [NAME ...]
 
-Every run is a child process (`python -m agent.cli topo …`), killed at --timeout (default 120 s):
-a hang shows as "killed". Device nodes are made only when run as root.
+Every run is a child process (`python -m memtopo.cli topo …`), killed at --timeout (default 120 s):
+a hang shows as "killed". Its peak RSS is the largest of it and its children (the discovery
+child included). Device nodes are made only when run as root.
 
 Targets, the house rule for bad input (a clear answer, never a traceback, a hang, a crash or
 unbounded memory): each fixture ends with exit status 0 (discovered, the hostile part a degraded
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import json
 import os
 import re
 import shutil
@@ -37,6 +43,8 @@ sys.path.insert(0, str(REPO))
 from bench.report import Report  # noqa: E402
 from bench.roots import HWLOC_XML, LAB_CAPTURES, extracted  # noqa: E402
 from memtopo.discovery.capture import find_root  # noqa: E402
+from memtopo.k8s.nrt import MAX_OBJECT_BYTES, object_bytes  # noqa: E402
+from tests.synth import numa_scale_host, tree, write_root  # noqa: E402
 
 NODE0 = "sys/devices/system/node/node0"
 CPU = "sys/devices/system/cpu"
@@ -73,6 +81,10 @@ def _write(rel: str, text: str) -> Callable[[Path], None]:
     return change
 
 
+def _node_online(text: str) -> Callable[[Path], None]:
+    return _write("sys/devices/system/node/online", text + "\n")
+
+
 def _online_everything(root: Path) -> None:
     for name in ("online", "present", "possible"):
         (root / CPU / name).write_text("0-65535\n")
@@ -103,7 +115,14 @@ ROOTS: dict[str, Callable[[Path], None]] = {
     "memtotal-2^80": _write(f"{NODE0}/meminfo", f"Node 0 MemTotal: {BIG} kB\nNode 0 MemFree: 1 kB\n"),
     "pci-numa-2^80": _write("sys/bus/pci/devices/0000:00:01.0/numa_node", BIG + "\n"),
     "online-0-65535": _online_everything,
+    "online-nodes-0-65535": _node_online("0-65535"),
+    "online-nodes--1": _node_online("-1"),
+    "online-nodes-0-2147483647": _node_online("0-2147483647"),
 }
+# Generated whole rather than changed from a capture: (node count, held to the targets).
+SCALE = {"numa-1024": (1024, True), "numa-1100": (1100, False)}
+TARGET_S = 5.0
+TARGET_MIB = 300.0
 
 
 def _files(out: Path) -> dict[str, Path]:
@@ -131,12 +150,13 @@ def _files(out: Path) -> dict[str, Path]:
     return made
 
 
-def _run(args: list[str], timeout: float) -> tuple[str, float, float, str]:
-    """rc (or "killed"), wall seconds, peak RSS MiB, first stderr line."""
+def _run(args: list[str], timeout: float, command: tuple[str, ...] = ("topo", "--format", "json"),
+         out: Path | None = None) -> tuple[str, float, float, str]:
+    """rc (or "killed"), wall seconds, peak RSS MiB, first stderr line; stdout to ``out``."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", "topo", *args, "--format", "json"],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+    with tempfile.TemporaryFile() as err, open(out or os.devnull, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "memtopo.cli", *command, *args],
+                                cwd=REPO, stdout=sink, stderr=err)
         deadline = t0 + timeout
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -187,12 +207,21 @@ def measure(args: argparse.Namespace, report: Report) -> None:
         for name, path in _files(out).items():
             if not args.names or name in args.names:
                 inputs[name] = ["--hwloc-xml" if name.endswith(".xml") else "--root", str(path)]
+        scale = {}
+        for name, (nodes, _) in SCALE.items():
+            if not args.names or name in args.names:
+                root = out / name
+                shutil.rmtree(root, ignore_errors=True)
+                scale[name] = write_root(root, tree(numa_scale_host(nodes)))
+                if not SCALE[name][1]:
+                    inputs[name] = ["--root", str(root)]
         print(f"{'fixture':<24} {'rc':>6} {'wall s':>7} {'peak RSS MiB':>12}  stderr (first line)")
         results = []
         for name, argv in inputs.items():
             rc, wall, rss, first = _run(argv, args.timeout)
             results.append((name, rc, wall, rss, first))
             print(f"{name:<24} {rc:>6} {wall:>7.2f} {rss:>12.1f}  {first}", flush=True)
+        _scale_targets({name: root for name, root in scale.items() if SCALE[name][1]}, out, args.timeout, report)
     finally:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
@@ -207,6 +236,24 @@ def measure(args: argparse.Namespace, report: Report) -> None:
         report.judge(f"slowest fixture ({slowest[0]}): wall", slowest[2], "<=", TARGET_WALL_S, "s")
         largest = max(results, key=lambda r: r[3])
         report.judge(f"largest peak RSS ({largest[0]})", largest[3], "<=", TARGET_RSS_MIB, "MiB", 1)
+
+
+def _scale_targets(roots: dict[str, Path], out: Path, timeout: float, report: Report) -> None:
+    """The many-node roots against their targets: each command within TARGET_S and TARGET_MIB, the
+    NRT object within what the API server stores."""
+    for name, root in roots.items():
+        for label, command in (("topo --format json", ("topo", "--format", "json")),
+                               ("k8s nrt --format json", ("k8s", "nrt", "--node-name", "scale", "--format", "json"))):
+            dest = out / f"{name}.{command[0]}.out"
+            rc, wall, rss, first = _run(["--root", str(root)], timeout, command, dest)
+            print(f"{name:<24} {rc:>6} {wall:>7.2f} {rss:>12.1f}  {label}: {dest.stat().st_size / 1e6:.2f} MB out "
+                  f"{first}", flush=True)
+            report.check(f"{name} {label}: exit status", rc == "0", rc, "0")
+            report.judge(f"{name} {label}: wall", wall, "<=", TARGET_S, "s")
+            report.judge(f"{name} {label}: peak RSS", rss, "<=", TARGET_MIB, "MiB", 1)
+            if command[0] == "k8s" and rc == "0":
+                size = object_bytes(json.loads(dest.read_text()))
+                report.judge(f"{name}: NRT object", size / 1e6, "<=", MAX_OBJECT_BYTES / 1e6, "MB", 2)
 
 
 if __name__ == "__main__":

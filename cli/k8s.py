@@ -10,6 +10,7 @@ from typing import Any
 from memtopo.cli.output import fail, show_help
 from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS, DEFAULT_POD_RESOURCES_SOCKET
 
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
@@ -20,14 +21,14 @@ def dump(obj: dict[str, Any], fmt: str) -> str:
         return json.dumps(obj, indent=2) + "\n"
     import yaml
 
-    return str(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False))
+    # libyaml's emitter where PyYAML has it: the pure-Python one took minutes over a 1,024-zone object.
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return str(yaml.dump(obj, Dumper=dumper, sort_keys=False, default_flow_style=False))
 
 
 def cmd_nrt(args: argparse.Namespace) -> int:
-    from memtopo.discovery.capture import open_root
-    from memtopo.discovery.discover import discover
-    from memtopo.discovery.source import ProbeContext
-    from memtopo.hostfs import HostFS
+    from memtopo.discovery.capture import CaptureError, context_for
+    from memtopo.discovery.isolated import IsolatedDiscoveryError, discover_apart
     from memtopo.k8s.facts import PodResourcesView
     from memtopo.k8s.kubelet import read_kubelet_facts
     from memtopo.k8s.nrt import NrtError, build_nrt
@@ -35,15 +36,20 @@ def cmd_nrt(args: argparse.Namespace) -> int:
 
     config_paths = (args.kubelet_config,) if args.kubelet_config else DEFAULT_CONFIG_PATHS
     pods: PodResourcesView | None = None
+    try:
+        with context_for(args.root) as ctx:
+            topo = discover_apart(ctx)
+            kubelet = read_kubelet_facts(ctx.fs, config_paths)
+    except CaptureError as exc:
+        fail(exc)
+        return EXIT_USAGE
+    except IsolatedDiscoveryError as exc:
+        fail(exc)
+        return EXIT_FAILURE
     if args.root:
-        with open_root(args.root) as path:
-            topo = discover(ProbeContext.at_root(path))
-            kubelet = read_kubelet_facts(HostFS.at(path), config_paths)
         # A capture has no kubelet to ask; this host's kubelet would describe another node.
         problem = "captured root"
     else:
-        topo = discover(ProbeContext.live())
-        kubelet = read_kubelet_facts(HostFS.at("/"), config_paths)
         try:
             pods = read_pod_resources(args.pod_resources_socket)
             problem = ""

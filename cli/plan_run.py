@@ -65,17 +65,16 @@ def discover_facts(root: str | None, with_irqs: bool = False, pid: int | None = 
     A plan for this host binds a process that runs here: ``pid`` must (a captured root has no
     processes; `memtopo apply` checks it where the plan runs)."""
     from memtopo.apply.host import HostFiles, Procs
-    from memtopo.cli.inputs import context_for
-    from memtopo.discovery.capture import CaptureError
-    from memtopo.discovery.discover import discover
+    from memtopo.discovery.capture import CaptureError, context_for
+    from memtopo.discovery.isolated import IsolatedDiscoveryError, discover_apart
 
     try:
-        with context_for(root, None) as ctx:
+        with context_for(root) as ctx:
             if root is None and pid is not None and Procs(HostFiles(ctx.fs)).stat(pid) is None:
                 raise UsageError(f"--pid {pid}: no such process on this host")
-            topo = discover(ctx)
+            topo = discover_apart(ctx)
             found = npu_irqs(HostFiles(ctx.fs), topo) if with_irqs else {}
-    except CaptureError as exc:
+    except (CaptureError, IsolatedDiscoveryError) as exc:
         raise InvalidRootError(str(exc)) from None
     return Facts(topo, root if root is not None else LIVE, found)
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from memtopo.cli.output import table
 from memtopo.cpulist import format_cpulist
-from memtopo.discovery.accelerators import id_order
 from memtopo.discovery.sysfs_numa import SOURCE as SYSFS_NUMA
 from memtopo.links import link_word, pair_links
-from memtopo.text import human_bytes
+from memtopo.text import human_bytes, natural_key
 from memtopo.v1 import topology_pb2 as pb
 
 # Above this many domains the pairwise link table is summarised: 64 nodes make 2016 pairs.
@@ -20,6 +21,9 @@ MAX_LINK_ROWS = 16
 MAX_WIDTH = 100
 # Pairs with measured performance listed one by one when the link table is summarised.
 MAX_MEASURED_ROWS = 16
+# Past this many nodes the SLIT matrix is summarised by distance (a 64-node matrix folds into a few
+# blocks; a 1,024-node one would be a million numbers).
+MAX_SLIT_ROWS = 64
 
 
 def _ids(ids: Iterable[int]) -> str:
@@ -122,7 +126,12 @@ def render(topo: pb.MemoryTopology, all_sources: bool = False) -> str:
     out += table(["NODE", "STATE", "HAS", "CPUS", "MEMORY", "DOMAIN", "HMAT-INITIATORS", "PACKAGES", "NOTE"], rows)
 
     with_rows = [n for n in topo.numa_nodes if n.distances]
-    if with_rows:
+    if len(with_rows) > MAX_SLIT_ROWS:
+        # A thousand rows of a thousand numbers is no view: how many pairs are how far apart.
+        counts = Counter(itertools.chain.from_iterable(n.distances for n in with_rows))
+        out += ["", f"NUMA distances (SLIT) of {len(with_rows)} nodes (--format json has each row)"]
+        out += table(["DISTANCE", "ENTRIES"], [[str(d), str(k)] for d, k in sorted(counts.items())])
+    elif with_rows:
         cols = list(with_rows[0].distance_nodes)
         out += ["", "NUMA distances (SLIT)"]
         out += folded_table("node", list(map(str, cols)), [(str(n.id), list(map(str, n.distances))) for n in with_rows])
@@ -188,9 +197,13 @@ def render(topo: pb.MemoryTopology, all_sources: bool = False) -> str:
 def _interconnects(topo: pb.MemoryTopology) -> list[str]:
     """Domain pairs named by their NUMA nodes (the SLIT matrix's ids). Past MAX_LINK_ROWS domains,
     grouped by link and distance, with the pairs that carry measured performance listed."""
+    omitted = (f"  and {topo.slit_only_pairs_omitted} pairs with SLIT distances only (the SLIT above; "
+               "--format json: domains[].distances)" if topo.HasField("slit_only_pairs_omitted") else "")
     if not topo.interconnects:
-        return []
+        return ["", "Interconnects (NUMA nodes)", omitted] if omitted else []
     out = ["", "Interconnects (NUMA nodes; --format json has each pair)"]
+    if omitted:
+        out.append(omitted)
 
     def ends(i: pb.MemoryInterconnect) -> str:
         return f"{_node_of(topo, i.domain_a, i.numa_node_a)}↔{_node_of(topo, i.domain_b, i.numa_node_b)}"
@@ -233,7 +246,7 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
         return []
     out = ["", "Accelerators"]
     rows = []
-    accels = sorted(topo.accelerators, key=lambda a: id_order(a.id))
+    accels = sorted(topo.accelerators, key=lambda a: natural_key(a.id))
     for a in accels:
         memory = human_bytes(a.memory_bytes) if a.memory_bytes else "-"
         if a.memory_numa_nodes:
@@ -248,7 +261,7 @@ def _accelerators(topo: pb.MemoryTopology) -> list[str]:
     for g in topo.accelerator_groups:
         fabric = f" (every pair {link_word(pb.AcceleratorLink(kind=g.link_kind, count=g.link_count))})" \
             if g.link_kind else ""
-        out.append(f"  {g.kind}: {' '.join(sorted(g.members, key=id_order))}{fabric}")
+        out.append(f"  {g.kind}: {' '.join(sorted(g.members, key=natural_key))}{fabric}")
     for a in accels:
         extra = "  ".join(f"{k}={v}" for k, v in sorted(a.attributes.items()))
         if extra:
@@ -264,7 +277,7 @@ def render_links(topo: pb.MemoryTopology) -> str:
     words: dict[tuple[str, str], str] = {}
     for a, b, link in pair_links(topo):
         words[(a, b)] = words[(b, a)] = link_word(link)
-    accels.sort(key=lambda a: id_order(a.id))
+    accels.sort(key=lambda a: natural_key(a.id))
     ids = [a.id for a in accels]
     out = folded_table("", ids, [(a.id, ["X" if a.id == b else words.get((a.id, b), "-") for b in ids])
                                  for a in accels],

@@ -24,6 +24,7 @@ from memtopo.discovery.parts import AccelDevice, AcceleratorPart, HwlocOsDevice,
 from memtopo.discovery.pci_ids import classify
 from memtopo.model import frozen, mutable
 from memtopo.pci import bdf_sort_key
+from memtopo.text import natural_key
 from memtopo.v1 import topology_pb2 as pb
 
 _KIND = {"GPU": pb.ACCELERATOR_KIND_GPU, "NPU": pb.ACCELERATOR_KIND_NPU, "XPU": pb.ACCELERATOR_KIND_XPU}
@@ -92,13 +93,6 @@ class Link(NamedTuple):
     link_count: int = 0  # not "count": that is tuple.count
     bandwidth_mbps: int = 0
     source: str = "pci"
-
-
-def id_order(ident: str) -> tuple[tuple[int, str, int], ...]:
-    """Sort key for accelerator ids as people count them: GPU2 before GPU10."""
-    # re.split with a group alternates text and digit runs: odd positions are the numbers.
-    return tuple((0, "", int(part)) if n % 2 else (1, part, 0)
-                 for n, part in enumerate(re.split(r"(\d+)", ident)) if part)
 
 
 def _ordered(x: str, y: str) -> tuple[str, str]:
@@ -358,7 +352,7 @@ def _hwloc_nvlinks(hw: HwlocPart | None, records: Sequence[Record], have: set[tu
                 classes.setdefault((len(linked), sum(linked)), []).append(ids[i])
         keys = sorted(classes)
         for n, key in enumerate(keys):
-            members = tuple(sorted(classes[key], key=id_order))
+            members = tuple(sorted(classes[key], key=natural_key))
             if len(members) > 1:
                 fabrics.append(Fabric(members, "NV", key[0], int(key[1]), "hwloc"))
             for other in keys[n + 1:]:

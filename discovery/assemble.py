@@ -122,6 +122,7 @@ class _Node:
 def assemble(parts: Parts, source_root: str = "/") -> pb.MemoryTopology:
     numa = _data(parts.numa)
     hw = _data(parts.hwloc)
+    hw = hw if hw is not None and hw.loaded else None
     tiers = _data(parts.tiers)
     cxl = _data(parts.cxl)
     pci = _data(parts.pci)
@@ -391,8 +392,7 @@ def _pair_perf(initiator: _Node, target: _Node, memattrs: _MemattrIndex) -> pb.L
     if acc is not None and acc.has_figures and initiator.id in acc.initiators:
         return _hmat_perf(acc)
     if initiator.cpus:
-        cpus = initiator.hw.cpuset if initiator.hw and initiator.hw.cpuset else initiator.cpus
-        found = memattrs.perf(target.id, cpus)
+        found = memattrs.perf(target.id, _initiator_cpus(initiator))
         if found is not None:
             return found
     return pb.LinkPerformance(source=pb.PERFORMANCE_SOURCE_SLIT, access_class=-1)
@@ -403,36 +403,84 @@ def _best_initiator_perf(node: _Node, memattrs: _MemattrIndex) -> pb.LinkPerform
     acc = _hmat_access(node)
     if acc is not None and acc.has_figures:
         return _hmat_perf(acc)
-    cpus = node.hw.cpuset if node.hw and node.hw.cpuset else node.cpus
+    cpus = _initiator_cpus(node)
     return memattrs.perf(node.id, cpus) if cpus else None
 
 
+# Up to this many domains every pair is an interconnect (2,016 pairs); above, only the pairs with
+# figures beyond SLIT (the schema's MemoryTopology.slit_only_pairs_omitted).
+MAX_ALL_PAIRS_DOMAINS = 64
+
+
+def _initiator_cpus(node: _Node) -> tuple[int, ...]:
+    """The CPUs hwloc's memattrs name for accesses from ``node`` (its locality, else its own)."""
+    return node.hw.cpuset if node.hw and node.hw.cpuset else node.cpus
+
+
 def _interconnects(topo: pb.MemoryTopology, primaries: Sequence[_Node], memattrs: _MemattrIndex) -> None:
-    """Every domain pair, between the nodes speaking for each domain. This is the quadratic part of
-    assembly (2016 pairs at 64 nodes), so each pair starts as a copy of a SLIT-only template and
-    only targets with figures are looked up."""
+    """Every domain pair, between the nodes speaking for each domain, up to MAX_ALL_PAIRS_DOMAINS
+    domains; past that, the pairs with figures beyond SLIT, found from the figures rather than by
+    trying every pair (1,024 domains make 523,776 pairs), and the rest counted."""
     mem_nodes = primaries
-    types = [d.type for d in topo.domains]
     has_figures = [((acc := _hmat_access(n)) is not None and acc.has_figures) or memattrs.has_target(n.id)
                    for n in mem_nodes]
     slit = pb.LinkPerformance(source=pb.PERFORMANCE_SOURCE_SLIT, access_class=-1)
     template = {link: pb.MemoryInterconnect(link_type=link, a_to_b=slit, b_to_a=slit)
                 for link in (pb.MEMORY_LINK_TYPE_NUMA_LINK, pb.MEMORY_LINK_TYPE_CXL_SWITCH)}
+    types = [d.type for d in topo.domains]
     cxl = pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED
     links = topo.interconnects
-    for i, a in enumerate(mem_nodes):
-        for j in range(i + 1, len(mem_nodes)):
-            b = mem_nodes[j]
-            cxl_pair = cxl in (types[i], types[j])
-            m = links.add()
-            m.CopyFrom(template[pb.MEMORY_LINK_TYPE_CXL_SWITCH if cxl_pair else pb.MEMORY_LINK_TYPE_NUMA_LINK])
-            m.domain_a, m.domain_b = i, j
-            m.numa_node_a, m.numa_node_b = a.id, b.id
-            m.distance_a_to_b, m.distance_b_to_a = a.distance_to(b.id), b.distance_to(a.id)
-            if has_figures[j]:
-                m.a_to_b.CopyFrom(_pair_perf(a, b, memattrs))
-            if has_figures[i]:
-                m.b_to_a.CopyFrom(_pair_perf(b, a, memattrs))
+
+    def add(i: int, j: int) -> pb.MemoryInterconnect:
+        # Each pair starts as a copy of a SLIT-only template; only targets with figures are looked up.
+        a, b = mem_nodes[i], mem_nodes[j]
+        m = links.add()
+        m.CopyFrom(template[pb.MEMORY_LINK_TYPE_CXL_SWITCH if cxl in (types[i], types[j])
+                            else pb.MEMORY_LINK_TYPE_NUMA_LINK])
+        m.domain_a, m.domain_b = i, j
+        m.numa_node_a, m.numa_node_b = a.id, b.id
+        m.distance_a_to_b, m.distance_b_to_a = a.distance_to(b.id), b.distance_to(a.id)
+        if has_figures[j]:
+            m.a_to_b.CopyFrom(_pair_perf(a, b, memattrs))
+        if has_figures[i]:
+            m.b_to_a.CopyFrom(_pair_perf(b, a, memattrs))
+        return m
+
+    n = len(mem_nodes)
+    if n <= MAX_ALL_PAIRS_DOMAINS:
+        for i in range(n):
+            for j in range(i + 1, n):
+                add(i, j)
+        return
+    kept = 0
+    for i, j in sorted(_pairs_with_figures(mem_nodes, memattrs)):
+        m = add(i, j)
+        if m.a_to_b.source == pb.PERFORMANCE_SOURCE_SLIT and m.b_to_a.source == pb.PERFORMANCE_SOURCE_SLIT:
+            del links[-1]
+        else:
+            kept += 1
+    topo.slit_only_pairs_omitted = n * (n - 1) // 2 - kept
+
+
+def _pairs_with_figures(mem_nodes: Sequence[_Node], memattrs: _MemattrIndex) -> set[tuple[int, int]]:
+    """Index pairs (i < j) where one side may have figures for the other: HMAT names the initiator,
+    or hwloc has a memattr for the target from the initiator's CPUs (what _pair_perf looks up)."""
+    index_of = {node.id: k for k, node in enumerate(mem_nodes)}
+    by_cpus: dict[tuple[int, ...], list[int]] = {}
+    for k, node in enumerate(mem_nodes):
+        if node.cpus:
+            by_cpus.setdefault(_initiator_cpus(node), []).append(k)
+    pairs: set[tuple[int, int]] = set()
+    for j, target in enumerate(mem_nodes):
+        acc = _hmat_access(target)
+        if acc is not None and acc.has_figures:
+            pairs.update((min(i, j), max(i, j)) for ini in acc.initiators
+                         if (i := index_of.get(ini, j)) != j)
+    for target_id, cpus in memattrs.values:
+        t = index_of.get(target_id)
+        if t is not None:
+            pairs.update((min(i, t), max(i, t)) for i in by_cpus.get(cpus, ()) if i != t)
+    return pairs
 
 
 def _accelerators(topo: pb.MemoryTopology, accels: Accelerators, by_id: Mapping[int, _Node]) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from memtopo.discovery.source import ProbeContext
 from memtopo.hostfs import MAX_TREE_FILE_BYTES
 from memtopo.text import excerpt
 
@@ -129,6 +130,25 @@ def open_root(path: str | os.PathLike[str]) -> Iterator[Path]:
 
     with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="memtopo-root-") as tmp:
         yield extract(p, Path(tmp))
+
+
+@contextlib.contextmanager
+def context_for(root: str | os.PathLike[str] | None = None,
+                hwloc_xml: str | os.PathLike[str] | None = None) -> Iterator[ProbeContext]:
+    """The discovery context of what a command or the agent is pointed at: an hwloc XML export, a
+    captured root (a directory, or an archive extracted privately and removed on any exit), or this
+    host (no root, "" or "/"). CaptureError for input that cannot be opened."""
+    if hwloc_xml is not None:
+        xml = Path(hwloc_xml)
+        if not xml.exists():
+            raise CaptureError(f"{xml}: no such file")
+        yield ProbeContext.at_root("/", hwloc_xml=xml.absolute())
+        return
+    if root is None or str(root) in ("", "/"):
+        yield ProbeContext.live()
+        return
+    with open_root(root) as path:
+        yield ProbeContext.at_root(path)
 
 
 # ---- gather ----------------------------------------------------------------------------------------

@@ -3,9 +3,10 @@ again and again, each time only those a change reaches (``Rescanner``)."""
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
+import functools
 import gc
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,72 +23,34 @@ from memtopo.text import excerpt
 from memtopo.v1 import topology_pb2 as pb
 
 
-class _Lane:
-    """Runs calls one after another on a thread of its own, each waited for until a deadline. A
-    call still running at its deadline is left to finish on its own (nothing can interrupt a read
-    or a C library) and later calls get a fresh thread: one stuck probe costs its own source."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] | None = None
-
-    def call[T](self, fn: Callable[[], T], deadline_s: float) -> tuple[bool, T | None]:
-        """(True, what ``fn`` returned), or (False, None) when it ran past ``deadline_s``."""
-        box: list[T] = []
-        done = threading.Event()
-
-        def job() -> None:
-            try:
-                box.append(fn())
-            finally:
-                done.set()
-
-        if self._queue is None:
-            self._queue = queue.SimpleQueue()
-            threading.Thread(target=_serve, args=(self._queue,), name="memtopo-probe", daemon=True).start()
-        self._queue.put(job)
-        if not done.wait(deadline_s):
-            self._queue.put(None)  # the stuck thread ends once its call returns
-            self._queue = None
-            return False, None
-        return True, box[0] if box else None
-
-    def close(self) -> None:
-        if self._queue is not None:
-            self._queue.put(None)
-            self._queue = None
-
-
-def _serve(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
-    while (job := jobs.get()) is not None:
-        job()
-
-
 class _Backstop:
     """Probes handle their own errors; this catches what one lets through, so a bug in one probe
-    becomes that source's degraded status instead of sinking discovery. It also bounds each probe
-    in time (``ProbeContext.deadline_s``): one that runs past it is reported and left behind."""
+    becomes that source's degraded status instead of sinking discovery, and collects the statuses
+    of probes that did not answer (overdue, left out)."""
 
-    def __init__(self, ctx: ProbeContext, lane: _Lane | None = None) -> None:
+    def __init__(self, ctx: ProbeContext) -> None:
         self.ctx = ctx
-        self.lane = lane
         self.failures: list[SourceStatus] = []
 
     def guarded[T](self, source: str, probe: Callable[[ProbeContext], ProbeResult[T]]) -> ProbeResult[T] | None:
-        """The probe in this thread, its exceptions turned into its source's status."""
+        """The probe in this thread, its exceptions turned into its source's status; a probe the
+        context leaves out is not run, and its source says why."""
+        left_out = self.ctx.leave_out.get(source)
+        if left_out is not None:
+            self.failures.append(SourceStatus(source, State.DEGRADED, (left_out,)))
+            return None
+        watch = self.ctx.on_probe
+        if watch is not None:
+            watch(source, True)
         try:
             return probe(self.ctx)
         except Exception as exc:  # anything a probe lets through
             reason = f"probe failed: {type(exc).__name__}: {excerpt(str(exc), 200)}"
             self.failures.append(SourceStatus(source, State.DEGRADED, (reason,)))
             return None
-
-    def run[T](self, source: str, probe: Callable[[ProbeContext], ProbeResult[T]]) -> ProbeResult[T] | None:
-        if self.lane is None:
-            return self.guarded(source, probe)
-        finished, result = self.lane.call(lambda: self.guarded(source, probe), self.ctx.deadline_s)
-        if not finished:
-            self.overdue(source)
-        return result
+        finally:
+            if watch is not None:
+                watch(source, False)
 
     def overdue(self, source: str) -> None:
         self.failures.append(SourceStatus(source, State.UNAVAILABLE, (
@@ -101,29 +64,106 @@ class _Slot:
         self.spec = spec
         self.result: ProbeResult[Any] | None = None
         self.done = threading.Event()
+        self.own_thread = False
         self.started_at: float | None = None
-        self.started = threading.Event()
-        self.thread: threading.Thread | None = None
-        self._settling = threading.Lock()
+        self.started: threading.Event | None = None  # a probe on its own thread sets it as it starts
+        self._finishing = threading.Lock()
 
     def settle(self, backstop: _Backstop, deadline_s: float) -> None:
         """Wait for a probe in its own thread until its deadline (counted from its start); one still
         running then is reported overdue and its part is None."""
-        assert self.thread is not None
-        with self._settling:
-            if self.done.is_set():
-                return
-            self.started.wait()
-            assert self.started_at is not None
-            self.thread.join(max(0.0, deadline_s - (time.perf_counter() - self.started_at)))
-            if self.thread.is_alive():
-                backstop.overdue(self.spec.source)
-            self.finish(None)  # no-op when it finished in time
+        if self.done.is_set():
+            return
+        assert self.started is not None
+        self.started.wait()
+        assert self.started_at is not None
+        if not self.done.wait(max(0.0, deadline_s - (time.perf_counter() - self.started_at))) and self.finish(None):
+            backstop.overdue(self.spec.source)
 
-    def finish(self, result: ProbeResult[Any] | None) -> None:
-        if not self.done.is_set():  # an overdue probe's late answer is not read
+    def finish(self, result: ProbeResult[Any] | None) -> bool:
+        """Record the result unless one already is (an overdue probe's late answer is not read);
+        whether this call was the one that finished the slot."""
+        with self._finishing:
+            if self.done.is_set():
+                return False
             self.result = result
             self.done.set()
+            return True
+
+
+def _spawn(fn: Callable[[], None]) -> None:
+    """``fn`` on a new thread, without waiting for it to start as threading.Thread.start() does: on
+    a busy machine each wait for the other side to be scheduled costs more than a small probe. Like
+    a daemon thread, it does not keep the process alive."""
+    _thread.start_new_thread(fn, ())
+
+
+class _LaneRun:
+    """One thread running the shared lane's probes one after another, watched by the caller.
+
+    The thread tells the caller nothing until the lane is done: a handoff per probe (a wakeup of
+    each side, on a busy two-core machine a wait for a core each time) cost more than most probes.
+    The caller sleeps until then or until the running probe's deadline, counted from its start."""
+
+    def __init__(self, slots: list[_Slot], start: Callable[[_Slot], Callable[[], ProbeResult[Any] | None]]) -> None:
+        self.slots = slots
+        self.start = start  # waits for the slot's needs, then returns its run
+        self.cond = threading.Condition(threading.Lock())
+        self.running = -1
+        self.started_at: float | None = None  # None between probes (and while one waits for its needs)
+        self.done = False
+        self.abandoned = False
+
+    def work(self) -> None:
+        try:
+            for i, slot in enumerate(self.slots):
+                run = self.start(slot)
+                with self.cond:
+                    if self.abandoned:
+                        return
+                    self.running, self.started_at = i, time.perf_counter()
+                result = run()
+                with self.cond:
+                    if self.abandoned:  # its late answer is not read
+                        return
+                    slot.finish(result)
+                    self.started_at = None
+        finally:
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
+
+    def wait(self, deadline_s: float) -> int | None:
+        """None once every probe has run; else the index of the one that overran its deadline (the
+        thread is abandoned to it: it runs nothing more, and what it returns is dropped)."""
+        with self.cond:
+            while not self.done:
+                started = self.started_at
+                if started is None:
+                    self.cond.wait(deadline_s)
+                    continue
+                left = started + deadline_s - time.perf_counter()
+                if left <= 0:
+                    self.abandoned = True
+                    return self.running
+                self.cond.wait(left)
+            return None
+
+
+def _run_lane(slots: list[_Slot], start: Callable[[_Slot], Callable[[], ProbeResult[Any] | None]],
+              backstop: _Backstop, deadline_s: float) -> None:
+    """The lane's probes in order, on a thread of their own; one still running at its deadline is
+    reported overdue and left to finish on its own (nothing can interrupt a read or a C library),
+    and the probes after it go on in a fresh thread."""
+    while slots:
+        lane = _LaneRun(slots, start)
+        _spawn(lane.work)
+        stuck = lane.wait(deadline_s)
+        if stuck is None:
+            return
+        backstop.overdue(slots[stuck].spec.source)
+        slots[stuck].finish(None)
+        slots = slots[stuck + 1:]
 
 
 def _call(spec: ProbeSpec, ctx: ProbeContext, needed: tuple[ProbeResult[Any] | None, ...]
@@ -133,7 +173,8 @@ def _call(spec: ProbeSpec, ctx: ProbeContext, needed: tuple[ProbeResult[Any] | N
         t0 = time.perf_counter()
         absent = spec.absent_result(c, needed)
         if absent is not None:
-            return ProbeResult(absent.data, dataclasses.replace(absent.status, duration_s=time.perf_counter() - t0))
+            st = absent.status
+            return ProbeResult(absent.data, SourceStatus(st.source, st.state, st.reasons, time.perf_counter() - t0))
         return spec.function()(c, *needed)
     return run
 
@@ -153,8 +194,7 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
     What the probes defer (see DiscoveryScope) runs when the caller closes ``scope``."""
     probes = PROBES if probes is None else probes
     ctx = dataclasses.replace(ctx, scope=scope)
-    lane = _Lane()
-    backstop = _Backstop(ctx, lane)
+    backstop = _Backstop(ctx)
     slots = {spec.source: _Slot(spec) for spec in probes}
     for slot in slots.values():
         kept = reuse.get(slot.spec.source) if reuse else None
@@ -163,39 +203,45 @@ def collect(ctx: ProbeContext, scope: DiscoveryScope, probes: tuple[ProbeSpec, .
 
     def needed(spec: ProbeSpec) -> tuple[ProbeResult[Any] | None, ...]:
         for n in spec.needs:
-            if slots[n].thread is not None:
+            if slots[n].own_thread:
                 slots[n].settle(backstop, ctx.deadline_s)
             slots[n].done.wait()  # a lane probe's slot is finished before the next one starts
         return tuple(slots[n].result for n in spec.needs)
 
     def threaded(slot: _Slot) -> None:
+        result = None
         try:
-            args = needed(slot.spec)
+            try:
+                args = needed(slot.spec)
+            finally:
+                slot.started_at = time.perf_counter()
+                assert slot.started is not None
+                slot.started.set()
+            result = backstop.guarded(slot.spec.source, _call(slot.spec, ctx, args))
         finally:
-            slot.started_at = time.perf_counter()
-            slot.started.set()
-        slot.finish(backstop.guarded(slot.spec.source, _call(slot.spec, ctx, args)))
+            slot.finish(result)
+
+    def in_lane(slot: _Slot) -> Callable[[], ProbeResult[Any] | None]:
+        call = _call(slot.spec, ctx, needed(slot.spec))
+        return lambda: backstop.guarded(slot.spec.source, call)
 
     own = [slot for slot in slots.values() if not slot.done.is_set() and slot.spec.own_thread(ctx)]
     # Vendors first: theirs are the longest waits.
     own.sort(key=lambda slot: slot.spec.part != ACCELERATORS)
     try:
         for slot in own:  # all known as threaded before any starts and asks about another
-            slot.thread = threading.Thread(target=threaded, args=(slot,), name=f"memtopo-{slot.spec.source}",
-                                           daemon=True)
+            slot.own_thread = True
+            slot.started = threading.Event()
         for slot in own:
-            assert slot.thread is not None
-            slot.thread.start()
-        for slot in slots.values():
-            if slot.thread is None and not slot.done.is_set():
-                spec = slot.spec
-                slot.finish(backstop.run(spec.source, _call(spec, ctx, needed(spec))))
+            _spawn(functools.partial(threaded, slot))
+        _run_lane([slot for slot in slots.values() if not slot.own_thread and not slot.done.is_set()], in_lane,
+                  backstop, ctx.deadline_s)
         for slot in own:
             slot.settle(backstop, ctx.deadline_s)
     finally:
-        lane.close()
         for slot in slots.values():
-            slot.finish(None)  # nothing waits forever on a probe that never ran
+            if not slot.done.is_set():
+                slot.finish(None)  # nothing waits forever on a probe that never ran
     parts: dict[str, Any] = {}
     accelerators: dict[str, ProbeResult[AcceleratorPart]] = {}
     for slot in slots.values():

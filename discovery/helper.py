@@ -25,7 +25,10 @@ memory is the agent's too (bench/footprint.py counts the process tree).
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
+import dataclasses
+import faulthandler
 import gc
 import importlib
 import json
@@ -38,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from memtopo.discovery import crash
 from memtopo.discovery.changes import EVERYTHING, Change
 from memtopo.discovery.source import ProbeContext
 from memtopo.text import excerpt
@@ -129,23 +133,39 @@ class Helper:
             except Exception as exc:  # a root that cannot be opened: said, and tried again next time
                 return {"ok": False, "error": f"root: {type(exc).__name__}: {excerpt(str(exc), 200)}"}, b""
         child, self.standby = self.standby or self._fork(), None
-        self.answering = child
-        try:
-            os.write(child.asks, frame(json.dumps(asked).encode()))
-        except OSError:  # it died waiting: the frames below say so
-            pass
-        finally:
-            os.close(child.asks)
-        try:
-            head, payload = read_frame(child.answers), read_frame(child.answers)
-        except FrameError as exc:
-            return {"ok": False, "error": str(exc)}, b""
+        left_out: dict[str, str] = {}
+        while True:
+            self.answering = child
+            try:
+                os.write(child.asks, frame(json.dumps(asked).encode()))
+            except OSError:  # it died waiting: the frames below say so
+                pass
+            finally:
+                os.close(child.asks)
+            try:
+                head, payload = read_frame(child.answers), read_frame(child.answers)
+                break
+            except FrameError as exc:
+                signalled = child.died_of()
+                if signalled is None:
+                    return {"ok": False, "error": str(exc)}, b""
+            # Killed by a signal (a C library crashing on what it read): again without the probes it
+            # died in, whose sources say so; a crash outside every probe has nothing to leave out.
+            word = crash.signal_name(signalled)
+            suspects = [s for s in crash.running_at_death(child.account) if s not in left_out]
+            if not suspects:
+                return {"ok": False, "error": f"the discovery process died of {word} outside any probe"}, b""
+            crash.left_out(word, suspects, left_out)
+            assert self.ctx is not None
+            child = self._fork(dataclasses.replace(self.ctx, leave_out={**self.ctx.leave_out, **left_out}))
         try:
             decoded = json.loads(head)
         except ValueError:
             decoded = None
         if not isinstance(decoded, dict):
             return {"ok": False, "error": "the discovery process wrote garbage"}, b""
+        if left_out:
+            child.retried = True
         return decoded, payload if decoded.get("ok") else b""
 
     def settle(self) -> None:
@@ -158,8 +178,9 @@ class Helper:
             except FrameError:
                 kept = b""
             child.answers.close()
-            _, status = os.waitpid(child.pid, 0)
-            if kept and os.waitstatus_to_exitcode(status) == 0:
+            code = child.wait()
+            # A discovery run again without a crashed probe keeps nothing: the next is a full one.
+            if kept and code == 0 and not child.retried:
                 got = pickle.loads(kept)  # noqa: S301 - this helper's own fork, on a private pipe
                 self.results, self.ran = got["results"], frozenset(got["ran"])
             else:
@@ -167,44 +188,82 @@ class Helper:
         if self.ctx is not None and self.standby is None:
             self.standby = self._fork()
 
-    def _fork(self) -> _Child:
-        """A child that waits for one request, discovers and exits; nothing of the helper's runs in it."""
+    def _fork(self, ctx: ProbeContext | None = None) -> _Child:
+        """A child that waits for one request, discovers and exits; nothing of the helper's runs in it.
+        It tells on a pipe of its own which probe starts and ends on which thread, and faulthandler
+        names there the thread a fatal signal hit."""
         asks_r, asks_w = os.pipe()
         answers_r, answers_w = os.pipe()
+        said_r, said_w = os.pipe()
+        # A child's account of its probes is short; the helper reads it only after the child is gone.
+        os.set_blocking(said_r, False)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                for fd in (*self.private, asks_w, answers_r):
+                for fd in (*self.private, asks_w, answers_r, said_r):
                     os.close(fd)
+                faulthandler.enable(file=os.fdopen(said_w, "w", closefd=False))
                 with os.fdopen(asks_r, "rb") as asks:
                     try:
                         asked = json.loads(read_frame(asks))
                     except FrameError:  # the helper went away or dropped it: nothing asked
                         os._exit(0)
-                assert self.ctx is not None
-                code = _child(answers_w, asked, self.ctx, self.results)
+                base = ctx or self.ctx
+                assert base is not None
+                told = dataclasses.replace(base, on_probe=lambda source, starting: crash.mark(said_w, source, starting))
+                code = _child(answers_w, asked, told, self.results)
             finally:
                 os._exit(code)
         os.close(asks_r)
         os.close(answers_w)
-        return _Child(pid, asks_w, os.fdopen(answers_r, "rb"))
+        os.close(said_w)
+        return _Child(pid, asks_w, os.fdopen(answers_r, "rb"), said_r)
 
     def _drop_standby(self) -> None:
         child, self.standby = self.standby, None
         if child is not None:
             os.close(child.asks)  # it reads the end of its requests and exits
             child.answers.close()
-            os.waitpid(child.pid, 0)
+            child.wait()
 
 
 @dataclass
 class _Child:
-    """A forked child as the helper holds it: where its request goes, where its frames come from."""
+    """A forked child as the helper holds it: where its request goes, where its frames come from, and
+    where it tells which probe it runs."""
 
     pid: int
     asks: int
     answers: BinaryIO
+    said: int
+    status: int | None = None  # its wait status, once reaped
+    retried: bool = False  # it ran a discovery again without probes an earlier child died in
+
+    account: bytes = b""  # what it said of its probes, read once it is gone
+
+    def wait(self) -> int:
+        """Reap it (once) and read what it said of its probes; its exit code (-N: killed by signal N)."""
+        if self.status is None:
+            _, self.status = os.waitpid(self.pid, 0)
+            try:
+                self.account = _read_all(self.said)
+            finally:
+                os.close(self.said)
+        return os.waitstatus_to_exitcode(self.status)
+
+    def died_of(self) -> int | None:
+        """The signal that killed it, reaping it; None when it exited."""
+        code = self.wait()
+        return -code if code < 0 else None
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing more (a child still holding it)
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _context(root: str | None) -> ProbeContext:

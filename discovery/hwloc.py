@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from functools import cache, lru_cache, partial
 from typing import Any
 
+from memtopo.discovery import hwloc_input
 from memtopo.discovery.parts import (
     HwlocDistances,
     HwlocMemattrValue,
@@ -38,7 +39,7 @@ from memtopo.discovery.parts import (
     Ids,
 )
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
-from memtopo.hostfs import MAX_TREE_FILE_BYTES
+from memtopo.hostfs import MAX_TREE_FILE_BYTES, HostFS
 from memtopo.model import frozen
 from memtopo.text import excerpt
 
@@ -300,14 +301,17 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in keys}
     try:
         for k in _REDIRECTING_ENV:
-            os.environ.pop(k, None)
+            if saved[k] is not None:
+                del os.environ[k]
         os.environ.update(env)
         yield
     finally:
+        # Each change of os.environ is a putenv(3) or unsetenv(3): only what differs is put back.
         for k, v in saved.items():
             if v is None:
-                os.environ.pop(k, None)
-            else:
+                if k in env:
+                    del os.environ[k]
+            elif os.environ.get(k) != v:
                 os.environ[k] = v
 
 
@@ -820,10 +824,11 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
     if src.kind == "fsroot" and not os.path.isdir(src.path):
         status.unavailable(f"hwloc root {src.path}: not a directory")
         return ProbeResult(EMPTY, status.finish())
-    if src.kind == "fsroot" and (unsafe := ctx.fs.tree_problems):
+    if src.kind == "fsroot" and (unsafe := ctx.fs.tree_problems or _input_problems(ctx.fs)):
         # hwloc opens what it finds with plain opens: a link out of the root, a FIFO or a device
-        # would be read as the host's file, block it, or never end. It never sees such a tree.
-        status.unavailable(f"hwloc not run on this root: {'; '.join(unsafe)}")
+        # would be read as the host's file, block it, or never end; and it parses what it reads as
+        # only a kernel writes it (discovery/hwloc_input.py). It never sees such a tree.
+        status.problem(f"hwloc not run on this root: {'; '.join(unsafe)}")
         return ProbeResult(EMPTY, status.finish())
 
     with _LOAD_LOCK:
@@ -844,6 +849,11 @@ def probe(ctx: ProbeContext) -> ProbeResult[HwlocPart]:
     # plugins evicts the assembly's working set.
     return _extract_and_free(api, hdl, version, src, status,
                              partial(ctx.scope.defer, free) if ctx.scope is not None else free)
+
+
+def _input_problems(fs: HostFS) -> tuple[str, ...]:
+    """hwloc_input's check of a captured root, made once per opened root as the tree check is."""
+    return fs.once("hwloc_input", lambda: tuple(hwloc_input.problems(fs)))
 
 
 def _xml_problem(path: str) -> str | None:

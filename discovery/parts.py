@@ -304,6 +304,12 @@ class HwlocPart:
     info: Mapping[str, str] = field(default_factory=dict)
     object_distances: tuple[HwlocObjectDistances, ...] = ()
 
+    @property
+    def loaded(self) -> bool:
+        """False for the empty part of a probe that never loaded a topology (the library missing,
+        a root hwloc must not read): it says nothing, not that the machine is empty."""
+        return bool(self.version)
+
 
 # ---- accelerators (NVML, KFD, npu-smi, xpu-smi) ----------------------------------------------------
 @frozen

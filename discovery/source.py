@@ -82,6 +82,11 @@ class ProbeContext:
     # How long one probe may run before its source is reported unavailable and discovery goes on
     # without it. Generous: a vendor probe may wait out several tool timeouts (runner.py).
     deadline_s: float = 60.0
+    # Sources not to run, each with the reason its status gives (a probe the discovery process
+    # died in: discovery/isolated.py).
+    leave_out: Mapping[str, str] = field(default_factory=dict)
+    # Told (source, True) as a probe starts and (source, False) as it ends, on the probe's thread.
+    on_probe: Callable[[str, bool], None] | None = None
 
     @classmethod
     def live(cls) -> ProbeContext:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memtopo.cpulist import format_cpulist
+from memtopo.cpulist import KERNEL_MAX_CPUS, KERNEL_MAX_NODES, format_cpulist
 from memtopo.discovery.parts import HmatAccess, Ids, SideCache, SysNode, SysNuma
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.discovery.sysfs_read import dir_ids
@@ -44,14 +44,22 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysNuma]:
     if not has_node_dir:
         return ProbeResult(_single_node(ctx, sb, cpus_online, cpus_possible, cpus_present), sb.finish())
 
-    masks: dict[str, Ids | None] = {name: _optional_list(ctx, sb, f"{NODE_DIR}/{name}") for name in _MASKS}
+    masks: dict[str, Ids | None] = {name: _node_list(ctx, sb, name) for name in _MASKS}
     try:
         entries = fs.listdir(NODE_DIR)
     except HostReadError as exc:
         sb.problem(exc)
         entries = []
-    node_ids = dir_ids(sb, NODE_DIR, entries, "node")
+    node_ids = dir_ids(sb, NODE_DIR, entries, "node", KERNEL_MAX_NODES)
     online = masks["online"]
+    if online is not None:
+        # An online node always has its directory: one without is no node (node/online = 0-1023
+        # in a one-node capture).
+        known = set(node_ids)
+        missing = [n for n in online if n not in known]
+        if missing:
+            sb.problem(f"{NODE_DIR}/online: nodes {format_cpulist(missing)} have no nodeN directory; left out")
+            online = tuple(n for n in online if n in known)
     # The kernel prints one column per online node; without `online` (old kernels) the node
     # directories present are the best guess at what was online.
     distance_nodes = online if online is not None else tuple(node_ids)
@@ -76,6 +84,18 @@ def _read_uint(ctx: ProbeContext, rel: str) -> int:
     return int(text)
 
 
+def _node_list(ctx: ProbeContext, sb: StatusBuilder, name: str) -> Ids | None:
+    """A node list; ids at or beyond the kernel's MAX_NUMNODES are a problem and left out."""
+    rel = f"{NODE_DIR}/{name}"
+    ids = _optional_list(ctx, sb, rel)
+    if ids and ids[-1] >= KERNEL_MAX_NODES:
+        beyond = [n for n in ids if n >= KERNEL_MAX_NODES]
+        sb.problem(f"{rel}: nodes {format_cpulist(beyond)} beyond the kernel's MAX_NUMNODES "
+                   f"({KERNEL_MAX_NODES}); left out")
+        ids = tuple(n for n in ids if n < KERNEL_MAX_NODES)
+    return ids
+
+
 def _optional_list(ctx: ProbeContext, sb: StatusBuilder, rel: str) -> Ids | None:
     """A list-format file; None when it is absent (not a problem) or unparseable (a problem)."""
     try:
@@ -94,8 +114,7 @@ def _cpu_masks(ctx: ProbeContext, sb: StatusBuilder) -> tuple[Ids, Ids, Ids]:
     # registered CPU, and every kernel does: it also tells a mask naming CPUs no directory has
     # (cpu/online = 0-65535 in a two-CPU capture) for what it is.
     try:
-        listed = tuple(sorted(int(e[3:]) for e in ctx.fs.listdir(CPU_DIR)
-                              if e.startswith("cpu") and e[3:].isdigit()))
+        listed = tuple(dir_ids(sb, CPU_DIR, ctx.fs.listdir(CPU_DIR), "cpu", KERNEL_MAX_CPUS))
     except HostReadError as exc:
         sb.problem(exc)
         listed = ()

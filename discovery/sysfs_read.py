@@ -66,15 +66,15 @@ class AttrReader:
         return cpus
 
 
-def dir_ids(sb: StatusBuilder, rel: str, entries: list[str], prefix: str) -> list[int]:
-    """The ids of ``<prefix>N`` entries of a directory, sorted; one beyond any id the kernel gives
-    (cpulist.MAX_ID) is a problem and left out."""
+def dir_ids(sb: StatusBuilder, rel: str, entries: list[str], prefix: str, limit: int = MAX_ID) -> list[int]:
+    """The ids of ``<prefix>N`` entries of a directory, sorted; one at or beyond ``limit`` (what the
+    kernel can give: cpulist.MAX_ID, or its own limit for nodes and CPUs) is a problem and left out."""
     ids = []
     for e in entries:
         digits = e[len(prefix):]
         if e.startswith(prefix) and digits.isdigit() and digits.isascii():
-            if len(digits) > 6 or int(digits) >= MAX_ID:
-                sb.problem(f"{rel}/{excerpt(e)}: id out of range (at most {MAX_ID - 1}); left out")
+            if len(digits) > 6 or int(digits) >= limit:
+                sb.problem(f"{rel}/{excerpt(e)}: id out of range (at most {limit - 1}); left out")
                 continue
             ids.append(int(digits))
     return sorted(ids)

@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape
 from memtopo.cpulist import format_cpulist
 from memtopo.draw.metrics import BOLD, REGULAR, UNITS_PER_EM
 from memtopo.links import link_word, pair_links
-from memtopo.text import human_bytes
+from memtopo.text import human_bytes, natural_key
 from memtopo.v1 import topology_pb2 as pb
 
 FONT = 11
@@ -112,7 +112,6 @@ _RULES = "".join([
 STYLE = "".join(f".{ROOT_CLASS} {rule}" for rule in re.findall(r"[^{}]+\{[^}]*\}", _RULES))
 
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-_NUM = re.compile(r"([0-9]+)")  # ASCII digits only: int() of a superscript "¹" fails
 
 
 def _clean(s: str) -> str:
@@ -158,11 +157,6 @@ def _fit(s: str, width: float, cls: str = "") -> str:
         if used > room:
             return s[:k] + "…"
     return s
-
-
-def natural_key(s: str) -> tuple[tuple[int, str | int], ...]:
-    """GPU2 before GPU10."""
-    return tuple((1, int(p)) if _NUM.fullmatch(p) else (0, p) for p in _NUM.split(s) if p)
 
 
 def compact_ids(ids: Sequence[str]) -> str:
@@ -837,7 +831,9 @@ def _matrix_cells(n: int, cell: int, color_of: Callable[[int, int], str], words:
 
 def _interconnect_matrix(m: _Model) -> Block:
     if len(m.domains) > MATRIX_MAX:
-        counts = Counter(i.distance_a_to_b for i in _pairs(m))
+        # From the domains' SLIT rows: above 64 domains most pairs are no interconnect message.
+        _, rows = _slit_matrix(m)
+        counts = Counter(itertools.chain.from_iterable(row[k + 1:] for k, row in enumerate(rows)))
         lines = [f"{len(m.domains)} domains: no matrix above {MATRIX_MAX} (--format json has every distance)",
                  *(f"SLIT {v}: {counts[v]} pairs" for v in sorted(counts))]
         return _text_block([(t, "s") for t in lines])
@@ -862,7 +858,7 @@ def _interconnect_matrix(m: _Model) -> Block:
 
 def _interconnect(m: _Model) -> Block:
     pairs = _pairs(m)
-    if not pairs:
+    if not pairs and not m.topo.HasField("slit_only_pairs_omitted"):
         return Block(0, 0)
     body = _interconnect_graph(m) if len(m.domains) <= GRAPH_MAX_DOMAINS else _interconnect_matrix(m)
     rows = _perf_rows(m)

@@ -237,17 +237,38 @@ def _resource(name: str, capacity: int, allocatable: int, available: int, *, cou
     return {"name": name, "capacity": fmt(capacity), "allocatable": fmt(allocatable), "available": fmt(available)}
 
 
-def _zone_resources(node: pb.NumaNode, kubelet: KubeletFacts, pods: PodResourcesView | None,
-                    devices: Mapping[str, tuple[int, int, int]],
+class _NodeFacts:
+    """What every zone looks up, indexed once: per zone it would be a pass over the whole topology
+    (1,024 zones made that a million steps)."""
+
+    def __init__(self, topo: pb.MemoryTopology, kubelet: KubeletFacts, pods: PodResourcesView | None) -> None:
+        self.kubelet = kubelet
+        self.pods = pods
+        self.allocatable_cpus = set(pods.allocatable_cpus) if pods is not None else set()
+        self.assigned_cpus = set(pods.assigned_cpus) if pods is not None else set()
+        self.reserved_cpus = set(kubelet.reserved_cpus)
+        self.memory_alloc = _memory_by_node(pods.allocatable_memory) if pods is not None else {}
+        self.memory_held = _memory_by_node(pods.assigned_memory) if pods is not None else {}
+        self.domains = {d.id: d for d in topo.domains}
+        self.memory_of: dict[int, list[str]] = defaultdict(list)
+        self.local: dict[int, list[pb.Accelerator]] = defaultdict(list)
+        for a in topo.accelerators:
+            for n in a.memory_numa_nodes:
+                self.memory_of[n].append(a.id)
+            self.local[a.numa_node].append(a)
+
+
+def _zone_resources(node: pb.NumaNode, facts: _NodeFacts, devices: Mapping[str, tuple[int, int, int]],
                     enforced: EnforcedCpus | None = None) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
+    kubelet, pods = facts.kubelet, facts.pods
     cpus = set(node.cpus)
     if cpus:
         if pods is not None and pods.allocatable_cpus:
-            alloc = len(cpus & set(pods.allocatable_cpus))
+            alloc = len(cpus & facts.allocatable_cpus)
         else:
-            alloc = len(cpus - set(kubelet.reserved_cpus))
-        exclusive = set(pods.assigned_cpus) if pods is not None else set()
+            alloc = len(cpus - facts.reserved_cpus)
+        exclusive = set(facts.assigned_cpus)
         if enforced is not None:
             # What memtopo's enforcement pinned is held as surely as what the kubelet pinned; while it
             # is not known yet, no CPU is offered as free rather than one that may be taken.
@@ -255,8 +276,8 @@ def _zone_resources(node: pb.NumaNode, kubelet: KubeletFacts, pods: PodResources
         out.append(_resource("cpu", len(cpus), alloc, alloc - len(cpus & exclusive), count=True))
     huge = dict(kubelet.hugepages.get(node.id, {}))
     reserved = kubelet.reserved_memory.get(node.id, {})
-    pods_alloc = _memory_by_node(pods.allocatable_memory).get(node.id, {}) if pods is not None else {}
-    pods_held = _memory_by_node(pods.assigned_memory).get(node.id, {}) if pods is not None else {}
+    pods_alloc = facts.memory_alloc.get(node.id, {})
+    pods_held = facts.memory_held.get(node.id, {})
     if node.memory_bytes > 0:
         cap = max(node.memory_bytes - sum(huge.values()), 0)
         alloc = pods_alloc.get("memory", cap - reserved.get("memory", 0))
@@ -277,10 +298,10 @@ def _attr(name: str, value: object) -> dict[str, str]:
     return {"name": name, "value": str(value).lower() if isinstance(value, bool) else str(value)}
 
 
-def _zone_attributes(node: pb.NumaNode, topo: pb.MemoryTopology,
+def _zone_attributes(node: pb.NumaNode, facts: _NodeFacts,
                      groups_by_node: Mapping[int, Mapping[str, list[str]]]) -> list[dict[str, str]]:
     attrs: list[dict[str, str]] = []
-    domain = next((d for d in topo.domains if d.id == node.domain), None) if node.domain >= 0 else None
+    domain = facts.domains.get(node.domain) if node.domain >= 0 else None
     if domain is not None:
         attrs.append(_attr(ATTR + "memory-type", _DOMAIN_WORDS.get(domain.type, "UNKNOWN")))
         attrs.append(_attr(ATTR + "memory-domain", domain.id))
@@ -299,10 +320,10 @@ def _zone_attributes(node: pb.NumaNode, topo: pb.MemoryTopology,
             attrs.append(_attr(ATTR + "performance-source",
                                pb.PerformanceSource.Name(perf.source).removeprefix("PERFORMANCE_SOURCE_")))
     attrs.append(_attr(ATTR + "cpuless", not node.cpus))
-    owners = sorted(a.id for a in topo.accelerators if node.id in a.memory_numa_nodes)
+    owners = sorted(facts.memory_of.get(node.id, ()))
     if owners:
         attrs.append(_attr(ATTR + "accelerator-memory-of", ",".join(owners)))
-    local = sorted((a for a in topo.accelerators if a.numa_node == node.id), key=lambda a: (a.kind, a.index))
+    local = sorted(facts.local.get(node.id, ()), key=lambda a: (a.kind, a.index))
     if local:
         attrs.append(_attr(ATTR + "accelerators", ",".join(a.id for a in local)))
     for attr_name, groups in sorted(groups_by_node.get(node.id, {}).items()):
@@ -373,6 +394,22 @@ def _enforcement_words(enforced: EnforcedCpus) -> str:
     return f"memtopo: {enforced.pods} pods, {len(enforced.cpus)} exclusive CPUs"
 
 
+# The API server keeps an object in etcd, which refuses a request over 1.5 MiB (--max-request-bytes);
+# 1.5 MB of the object's JSON leaves room for the request around it and the server's metadata.
+MAX_OBJECT_BYTES = 1_500_000
+# The least a `costs` entry can take ({"name":"node-N","value":D} and a comma).
+_MIN_COST_BYTES = len('{"name":"node-0","value":10},')
+# What the attribute saying what was left out may take.
+_NOTE_ROOM = 1024
+
+
+def object_bytes(obj: Mapping[str, Any]) -> int:
+    """The size of ``obj`` as the API server stores it (compact JSON)."""
+    import json
+
+    return len(json.dumps(obj, separators=(",", ":")))
+
+
 def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet: KubeletFacts | None = None,
               pods: PodResourcesView | None = None, pods_problem: str = "",
               owner: Mapping[str, str] | None = None, enforced: EnforcedCpus | None = None) -> dict[str, Any]:
@@ -380,7 +417,10 @@ def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet:
 
     ``owner``: the Node's ``uid`` (and ``name``) for an owner reference, so the object is garbage-
     collected with its node. ``enforced``: the exclusive CPUs memtopo's enforcement holds, where it
-    runs (None: it does not). Raises :class:`NrtError` for a name Kubernetes would refuse."""
+    runs (None: it does not). Never larger than MAX_OBJECT_BYTES: what does not fit is left out, the
+    least useful first (the zones' ``costs``, then their memtopo attributes; the resources the
+    scheduler counts always stay), and the top-level attribute ``memtopo.io/left-out`` says what.
+    Raises :class:`NrtError` for a name Kubernetes would refuse, or resources alone too large."""
     name = node_name or topo.node_name
     if not name:
         # An unprintable host name is discovered as none; host.identity's reason quotes it escaped.
@@ -396,19 +436,50 @@ def build_nrt(topo: pb.MemoryTopology, node_name: str | None = None, *, kubelet:
     zone_ids = {n.id for n in nodes}
     devices = device_counts(topo, pods)
     groups = _groups_by_node(topo)
-    zones: list[dict[str, Any]] = []
-    for node in nodes:
-        zone: dict[str, Any] = {"name": zone_name(node.id), "type": ZONE_TYPE}
-        costs = _costs(node, zone_ids)
-        if costs:
-            zone["costs"] = costs
-        zone["resources"] = _zone_resources(node, kubelet, pods, devices.get(node.id, {}), enforced)
-        zone["attributes"] = _zone_attributes(node, topo, groups)
-        zones.append(zone)
+    facts = _NodeFacts(topo, kubelet, pods)
+    resources = [_zone_resources(node, facts, devices.get(node.id, {}), enforced) for node in nodes]
+    attributes = [_zone_attributes(node, facts, groups) for node in nodes]
+    none: list[list[dict[str, Any]]] = [[] for _ in nodes]
+    costs = none
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "memtopo"}}
     if owner is not None:
         metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": owner.get("name", name),
                                         "uid": owner["uid"]}]
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
-            "attributes": _top_attributes(topo, kubelet, pods, pods_problem, enforced,
-                                          node_level_devices(topo, pods, zone_ids)), "zones": zones}
+    top = _top_attributes(topo, kubelet, pods, pods_problem, enforced, node_level_devices(topo, pods, zone_ids))
+
+    def whole(left_out: Sequence[str]) -> dict[str, Any]:
+        zones: list[dict[str, Any]] = []
+        for node, cost, res, attrs in zip(nodes, costs, resources, attributes, strict=True):
+            zone: dict[str, Any] = {"name": zone_name(node.id), "type": ZONE_TYPE}
+            if cost:
+                zone["costs"] = cost
+            zone["resources"] = res
+            zone["attributes"] = attrs
+            zones.append(zone)
+        said = [_attr(ATTR + "left-out", "; ".join(left_out))] if left_out else []
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
+                "attributes": top + said, "zones": zones}
+
+    # The optional parts are added while the object fits, the most useful first; room is kept for
+    # the attribute that says what was left out.
+    fits = MAX_OBJECT_BYTES - _NOTE_ROOM
+    every_attribute, attributes = attributes, none
+    if object_bytes(whole(())) > fits:
+        raise NrtError(f"the resources of {len(nodes)} zones alone exceed the {MAX_OBJECT_BYTES} bytes an "
+                       "object may have")
+    left_out: list[str] = []
+    attributes = every_attribute
+    if object_bytes(whole(())) > fits:
+        attributes = none
+        left_out.append(f"attributes (the memtopo.io/ facts of {len(nodes)} zones)")
+    entries = sum(len(zone_ids.intersection(node.distance_nodes)) for node in nodes)
+    if entries and object_bytes(whole(())) + entries * _MIN_COST_BYTES <= fits:
+        costs = [_costs(node, zone_ids) for node in nodes]
+        if object_bytes(whole(())) > fits:
+            costs = none
+    if entries and costs is none:
+        left_out.insert(0, f"costs (the SLIT rows of {len(nodes)} zones, {entries} entries; memtopo's "
+                           "topology has them)")
+    if left_out:
+        left_out[-1] += f": the object would exceed the {MAX_OBJECT_BYTES} bytes the API server stores"
+    return whole(left_out)

@@ -9,6 +9,10 @@ from memtopo.text import excerpt
 # Far above any real machine (the kernel's NR_CPUS tops out at 8192); stops "0-4294967295" from
 # allocating a list of four billion ints out of a corrupted file.
 MAX_ID = 1 << 16
+# What a kernel can have: CPU ids below NR_CPUS, whose largest setting on any architecture is 8192
+# (x86-64 and powerpc with MAXSMP), and node ids below MAX_NUMNODES = 1 << NODES_SHIFT, at most 10.
+KERNEL_MAX_CPUS = 8192
+KERNEL_MAX_NODES = 1024
 
 
 class CpuListError(ValueError):
@@ -64,26 +68,31 @@ def _to_id(s: str, whole: str) -> int:
     return value
 
 
-def parse_mask(text: str) -> tuple[int, ...]:
-    """Parse a kernel hex mask (``%*pb``): 32-bit words, most significant first, comma separated."""
+def _mask_value(text: str) -> int:
     digits = text.strip().rstrip("\0").strip().replace(",", "")
     if digits.startswith(("0x", "0X")):
         digits = digits[2:]
     if not digits:
-        return ()
+        return 0
     try:
         value = int(digits, 16)
     except ValueError as exc:
         raise CpuListError(f"not a hex mask: {excerpt(text)}") from exc
     if value.bit_length() > MAX_ID:
         raise CpuListError(f"mask too wide: {len(digits)} hex digits")
-    out, bit = [], 0
-    while value:
-        if value & 1:
-            out.append(bit)
-        value >>= 1
-        bit += 1
-    return tuple(out)
+    return value
+
+
+def mask_width(text: str) -> int:
+    """One past the highest id a kernel hex mask names (0 for an empty mask)."""
+    return _mask_value(text).bit_length()
+
+
+def parse_mask(text: str) -> tuple[int, ...]:
+    """Parse a kernel hex mask (``%*pb``): 32-bit words, most significant first, comma separated."""
+    value = _mask_value(text)
+    # The set bits from the binary digits, lowest first: one pass in C instead of a shift per bit.
+    return tuple(i for i, bit in enumerate(reversed(f"{value:b}")) if bit == "1") if value else ()
 
 
 def format_cpulist(ids: Iterable[int]) -> str:

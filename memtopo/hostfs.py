@@ -22,7 +22,9 @@ import stat
 import struct
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from memtopo.cpulist import CpuListError, parse_cpulist, parse_mask
 from memtopo.model import frozen
@@ -200,13 +202,18 @@ class HostFS:
     def tree_problems(self) -> tuple[str, ...]:
         """check_tree of a captured root, made once per HostFS, on first use (a root is checked when
         it is opened, as a tarball's members are when it is extracted); the live root has none."""
-        found: tuple[str, ...] | None = self.__dict__.get("_tree_problems")
-        if found is None:
-            with _TREE_CHECK_LOCK:  # probes on several threads ask at once: check once
-                found = self.__dict__.get("_tree_problems")
-                if found is None:
-                    found = tuple(check_tree(self.root)) if self._root_str else ()
-                    self.__dict__["_tree_problems"] = found
+        return self.once("tree_problems", lambda: tuple(check_tree(self.root)) if self._root_str else ())
+
+    def once[T](self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, made once per HostFS (per ``key``) on first use: a check of a captured root
+        holds for as long as it is open, as the tree check does."""
+        made: dict[str, Any] | None = self.__dict__.get("_once")
+        if made is None or key not in made:
+            with _TREE_CHECK_LOCK:  # probes on several threads ask at once: compute once
+                made = self.__dict__.setdefault("_once", {})
+                if key not in made:
+                    made[key] = compute()
+        found: T = made[key]
         return found
 
     @property
@@ -214,7 +221,12 @@ class HostFS:
         """Whether lookups must be made inside the root one by one: a captured tree that holds a
         link out of it, a FIFO, a device or an oversized file. A tree without any (every real
         capture) is read by plain paths, which then cannot leave it, at the cost they always had."""
-        return bool(self._root_str) and bool(self.tree_problems)
+        # Asked on every read: answered from the instance once known.
+        confined: bool | None = self.__dict__.get("_confined_known")
+        if confined is None:
+            confined = bool(self._root_str) and bool(self.tree_problems)
+            self.__dict__["_confined_known"] = confined
+        return confined
 
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> HostFS:
@@ -453,6 +465,34 @@ def _kind(mode: int) -> str:
     return f"mode {mode:o}"
 
 
+# ---- one file of memtopo's own (a config, a journal) ------------------------------------------------
+class NotRegularFileError(OSError):
+    """The path is a FIFO, a device, a socket or a directory; ``strerror`` says which."""
+
+
+def read_regular(path: str | os.PathLike[str], limit: int, *, follow_symlinks: bool = True) -> bytes:
+    """At most ``limit`` + 1 bytes of a regular file, so that the caller can tell one that is larger.
+
+    O_NONBLOCK: opening a FIFO for reading would block until a writer appears, so the kind is checked
+    on the open descriptor, never before it (a device is opened but never read). Without
+    ``follow_symlinks`` a link is refused (ELOOP). Raises OSError only: NotRegularFileError for what
+    is not a regular file."""
+    flags = _READ_FLAGS | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(0, f"not a regular file ({_kind(mode)})")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 # ---- a tree handed to another reader -----------------------------------------------------------------
 # hwloc reads a captured root itself (HWLOC_FSROOT), with plain opens that follow every link against
 # the real / and read FIFOs and devices as files. Before it may, the tree is checked to be one it can
@@ -464,6 +504,14 @@ MAX_TREE_FILE_BYTES = 64 << 20
 # grow with each entry of the bus directory (100,000 broken entries kept hwloc busy for minutes).
 MAX_PCI_FUNCTIONS = 16_384
 DIR_LIMITS = {"sys/bus/pci/devices": MAX_PCI_FUNCTIONS}
+# The kernel's cpumasks ("%*pb": 32-bit words in hex, comma-separated), which hwloc parses word by
+# word with sscanf, and sscanf measures the rest of the text on every call: a mask of n words costs
+# n²/2 byte reads, so the 64 KiB any attribute may have would keep hwloc busy for minutes over a few
+# thousand of them. A kernel prints at most KERNEL_MAX_CPUS bits (256 words, 2304 bytes).
+MAX_CPUMASK_BYTES = 4096
+CPUMASK_FILES = ("cpumap", "local_cpus", "shared_cpu_map", "thread_siblings", "core_siblings", "core_cpus",
+                 "cluster_cpus", "die_cpus", "package_cpus", "book_siblings", "drawer_siblings")
+FILE_LIMITS = dict.fromkeys(CPUMASK_FILES, MAX_CPUMASK_BYTES)
 _PROBLEMS_KEPT = 5
 
 
@@ -512,8 +560,9 @@ def check_tree(root: Path, max_entries: int = MAX_TREE_ENTRIES,
                         pending.append((rel, depth + 1))
                     elif entry.is_file(follow_symlinks=False):
                         size = entry.stat(follow_symlinks=False).st_size
-                        if size > max_file_bytes:
-                            problem(rel, f"larger than {max_file_bytes} bytes ({size})")
+                        most = min(max_file_bytes, FILE_LIMITS.get(entry.name, max_file_bytes))
+                        if size > most:
+                            problem(rel, f"larger than {most} bytes ({size})")
                     else:
                         problem(rel, f"not a regular file ({_kind(entry.stat(follow_symlinks=False).st_mode)})")
                 except OSError as exc:

@@ -4,6 +4,8 @@ a log nor forge lines in it."""
 
 from __future__ import annotations
 
+import re
+
 # A config value or an address shown back in an error message.
 SHORTEN_CHARS = 60
 # What a file, tool or request said, quoted in a reason or log line.
@@ -44,6 +46,17 @@ def excerpt(text: str | bytes, limit: int = EXCERPT_CHARS) -> str:
         return shown
     unit = "bytes" if isinstance(text, bytes) else "chars"
     return f"{shown[:-1]}…{shown[-1]} ({len(text)} {unit})"
+
+
+_DIGITS = re.compile(r"([0-9]+)")  # ASCII only: int() of a superscript "¹" fails
+
+
+def natural_key(name: str) -> tuple[tuple[int, str, int], ...]:
+    """Sort key for names as people count them: GPU2 before GPU10 (a run of digits by its value,
+    before any text at the same place)."""
+    # split with a group alternates text and digit runs: odd positions are the numbers.
+    return tuple((0, "", int(part)) if n % 2 else (1, part, 0)
+                 for n, part in enumerate(_DIGITS.split(name)) if part)
 
 
 def reason(exc: BaseException) -> str:

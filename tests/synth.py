@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from memtopo.cpulist import format_cpulist
 from memtopo.discovery.source import RECORDED_NVML
@@ -176,6 +177,31 @@ def tree(host: SynthHost) -> dict[str, Content]:
     return files
 
 
+def numa_scale_host(nodes: int, cpus_per_node: int = 2, nodes_per_package: int = 8) -> SynthHost:
+    """A host of ``nodes`` NUMA nodes, every one online with memory and CPUs, for scale (1,024 is the
+    kernel's MAX_NUMNODES; more is a hostile root): SLIT 10 to itself, 12 within its package of
+    ``nodes_per_package``, 32 beyond."""
+    def row(i: int) -> list[int]:
+        return [10 if i == j else 12 if i // nodes_per_package == j // nodes_per_package else 32
+                for j in range(nodes)]
+    return SynthHost(f"numa-{nodes}", [
+        SynthNode(i, list(range(i * cpus_per_node, (i + 1) * cpus_per_node)), 4 << 30, row(i),
+                  package=i // nodes_per_package)
+        for i in range(nodes)])
+
+
+def write_root(dest: Path, entries: Mapping[str, Content]) -> Path:
+    """A tree's files under ``dest`` (links as links), as its tarball would extract."""
+    for rel, body in entries.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if body.startswith("-> "):
+            path.symlink_to(body[3:])
+        else:
+            path.write_text(body if body.endswith("\n") or not body else body + "\n")
+    return dest
+
+
 def fixture_files(fixture_dir: Path) -> dict[str, Content]:
     """The host's tree plus what is recorded with it: ``tools/`` and ``nvml.json`` go under
     ``.memtopo/``, where ``ProbeContext.at_root`` replays them from."""
@@ -217,12 +243,26 @@ def tarball_bytes(entries: Mapping[str, Content]) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def load_host(fixture_dir: Path) -> SynthHost:
-    spec = importlib.util.spec_from_file_location(f"synth_{fixture_dir.name}", fixture_dir / "host.py")
+def load_module(path: Path, name: str) -> ModuleType:
+    """The Python file at ``path`` as the module ``name``, executed once per process: fixture files
+    live outside any package (each host's host.py, and the layouts several hosts share)."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    host = module.HOST
+    sys.modules[name] = module  # before it runs, as an import does
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_host(fixture_dir: Path) -> SynthHost:
+    host = load_module(fixture_dir / "host.py", f"synth_{fixture_dir.name}").HOST
     assert isinstance(host, SynthHost)
     return host
 

@@ -249,6 +249,7 @@ class MemoryTopology(_message.Message):
     DEMOTION_ENABLED_FIELD_NUMBER: _builtins.int
     ACCELERATOR_LINKS_FIELD_NUMBER: _builtins.int
     ACCELERATOR_GROUPS_FIELD_NUMBER: _builtins.int
+    SLIT_ONLY_PAIRS_OMITTED_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     machine_id: _builtins.str
     boot_id: _builtins.str
@@ -262,6 +263,12 @@ class MemoryTopology(_message.Message):
     source_root: _builtins.str
     """Which root the topology was read from ("/" on a live host, a capture path, or an XML file)."""
     demotion_enabled: _builtins.bool
+    slit_only_pairs_omitted: _builtins.int
+    """Set when `interconnects` leaves pairs out: up to 64 domains (2,016 pairs) every pair is one, but
+    1,024 domains make 523,776, so above 64 a pair is listed only when it carries figures beyond
+    SLIT (HMAT, hwloc memattrs, a coherent fabric). This counts the SLIT-only pairs left out; their
+    distances are in `domains[].distances` (and each node's SLIT row in `numa_nodes`).
+    """
     @_builtins.property
     def discovery_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -333,12 +340,15 @@ class MemoryTopology(_message.Message):
         demotion_enabled: _builtins.bool = ...,
         accelerator_links: _abc.Iterable[Global___AcceleratorLink] | None = ...,
         accelerator_groups: _abc.Iterable[Global___AcceleratorGroup] | None = ...,
+        slit_only_pairs_omitted: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "cpus", b"cpus", "discovery_time", b"discovery_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_slit_only_pairs_omitted", b"_slit_only_pairs_omitted", "cgroup", b"cgroup", "cpus", b"cpus", "discovery_time", b"discovery_time", "slit_only_pairs_omitted", b"slit_only_pairs_omitted"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_groups", b"accelerator_groups", "accelerator_links", b"accelerator_links", "accelerators", b"accelerators", "allowed_cpus", b"allowed_cpus", "allowed_memory_nodes", b"allowed_memory_nodes", "boot_id", b"boot_id", "cgroup", b"cgroup", "cpus", b"cpus", "cxl_devices", b"cxl_devices", "cxl_regions", b"cxl_regions", "demotion_enabled", b"demotion_enabled", "discovery_time", b"discovery_time", "domains", b"domains", "fingerprint", b"fingerprint", "generation", b"generation", "interconnects", b"interconnects", "machine_id", b"machine_id", "memory_tiers", b"memory_tiers", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "pci_devices", b"pci_devices", "source_root", b"source_root", "sources", b"sources", "total_capacity_bytes", b"total_capacity_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_slit_only_pairs_omitted", b"_slit_only_pairs_omitted", "accelerator_groups", b"accelerator_groups", "accelerator_links", b"accelerator_links", "accelerators", b"accelerators", "allowed_cpus", b"allowed_cpus", "allowed_memory_nodes", b"allowed_memory_nodes", "boot_id", b"boot_id", "cgroup", b"cgroup", "cpus", b"cpus", "cxl_devices", b"cxl_devices", "cxl_regions", b"cxl_regions", "demotion_enabled", b"demotion_enabled", "discovery_time", b"discovery_time", "domains", b"domains", "fingerprint", b"fingerprint", "generation", b"generation", "interconnects", b"interconnects", "machine_id", b"machine_id", "memory_tiers", b"memory_tiers", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "pci_devices", b"pci_devices", "slit_only_pairs_omitted", b"slit_only_pairs_omitted", "source_root", b"source_root", "sources", b"sources", "total_capacity_bytes", b"total_capacity_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__slit_only_pairs_omitted: _TypeAlias = _typing.Literal["slit_only_pairs_omitted"]  # noqa: Y015
+    _WhichOneofArgType__slit_only_pairs_omitted: _TypeAlias = _typing.Literal["_slit_only_pairs_omitted", b"_slit_only_pairs_omitted"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__slit_only_pairs_omitted) -> _WhichOneofReturnType__slit_only_pairs_omitted | None: ...
 
 Global___MemoryTopology: _TypeAlias = MemoryTopology  # noqa: Y015
 

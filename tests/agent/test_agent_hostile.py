@@ -151,6 +151,45 @@ def test_a_stop_that_overruns_its_deadline_ends_the_process(workdir: Path, root:
     assert not agent.events("agent_stopped")
 
 
+# ---- a discovery child that dies -------------------------------------------------------------------
+# The agent's discovery helper with hwloc unguarded by the input check: on node/online = -1, hwloc's
+# own assertion aborts each child it forks, as a C library crashing on what it reads does.
+DYING_HELPER = r"""
+import sys
+from memtopo.discovery import hwloc_input
+hwloc_input.problems = lambda fs: []
+from memtopo.discovery.helper import main
+sys.exit(main([]))
+"""
+DYING_DISCOVERY = rf"""
+import sys
+from memtopo.discovery import isolated
+isolated.helper_argv = lambda: [sys.executable, "-c", {DYING_HELPER!r}]
+from memtopo.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_discovery_child_that_dies_costs_its_source_not_readiness(workdir: Path, root: Path) -> None:
+    """It died on every rescan and the node stayed unready; now the rescan goes on without the probe
+    the child died in, whose source names the signal."""
+    (root / "sys/devices/system/node/online").write_text("-1\n")
+    agent = AgentProc(workdir, root, discovery="debounce_seconds = 0", script=DYING_DISCOVERY)  # waits for ready
+    try:
+        with grpc.insecure_channel(f"unix://{agent.sock}") as ch:
+            topo = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=10)
+        hw = next(s for s in topo.sources if s.source == "hwloc")
+        assert "died of SIGABRT while this probe ran" in hw.reasons[0]
+        assert topo.domains
+        assert "hwloc" in agent.events("generation_published")[0]["degraded_sources"]
+        agent.process.send_signal(signal.SIGHUP)  # and so does every rescan
+        wait_for(lambda: 'memtopo_discoveries_total{outcome="ok"} 2.0' in agent.http("/metrics")[1],
+                 what="the rescan")
+        assert agent.http("/readyz")[0] == 200 and not agent.events("discovery_failed")
+    finally:
+        assert agent.stop(timeout=60) == 0
+
+
 # ---- garbage requests ------------------------------------------------------------------------------
 
 

@@ -25,12 +25,27 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
 print(json.dumps(sorted(sys.modules)))
 """
 
+# What the discovery child of a command that reads input from elsewhere (a capture, an export) loads.
+CHILD_PROBE = r"""
+import contextlib, io, json, os, sys
+from memtopo.discovery.isolated import main
+with open(os.devnull, "wb") as sink, contextlib.redirect_stdout(io.TextIOWrapper(sink)):
+    main(sys.argv[1:])
+print(json.dumps(sorted(sys.modules)))
+"""
+
 HEAVY = ("grpc", "google.protobuf", "pyhwloc", "memtopo.discovery", "memtopo.agent", "memtopo.controller.server",
          "memtopo.apply.engine", "memtopo.planner.place", "memtopo.v1")
 
 
 def loaded_by(*argv: str) -> set[str]:
     res = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, cwd=REPO, check=True)
+    return set(json.loads(res.stdout.splitlines()[-1]))
+
+
+def loaded_by_child(*argv: str) -> set[str]:
+    res = subprocess.run([sys.executable, "-c", CHILD_PROBE, *argv], capture_output=True, text=True, cwd=REPO,
+                         check=True)
     return set(json.loads(res.stdout.splitlines()[-1]))
 
 
@@ -55,10 +70,11 @@ def test_plan_mtf_is_the_xpu_policy_alone() -> None:
 
 
 def test_topo_discovers_without_grpc_apply_or_the_planner() -> None:
+    """An export (like a captured root) is read by a child process: the command itself never loads hwloc."""
     modules = loaded_by("topo", "--hwloc-xml", str(HWLOC_XML / "nvidiaDGX2.xml"), "--format", "json")
-    assert "memtopo.discovery.discover" in modules and "google.protobuf" in modules
-    for prefix in ("grpc", "memtopo.agent", "memtopo.controller.server", "memtopo.apply.engine", "memtopo.planner.hccs",
-                   "memtopo.planner.place"):
+    assert "memtopo.discovery.isolated" in modules and "google.protobuf" in modules
+    for prefix in ("grpc", "pyhwloc", "memtopo.discovery.hwloc", "memtopo.agent", "memtopo.controller.server",
+                   "memtopo.apply.engine", "memtopo.planner.hccs", "memtopo.planner.place"):
         assert not loaded(modules, prefix), prefix
 
 
@@ -128,7 +144,7 @@ def test_topo_without_vendor_devices_imports_no_vendor_probe(source: str) -> Non
 
     where = ("--root", str(lab_root("single"))) if source == "capture" else (
         "--hwloc-xml", str(HWLOC_XML / "nvidiaDGX2.xml"))
-    modules = loaded_by("topo", *where, "--format", "json")
+    modules = loaded_by_child(*where)  # `topo` discovers input from elsewhere in this child
     assert "memtopo.discovery.probes" in modules and "memtopo.discovery.sysfs_pci" in modules
     assert not [m for m in VENDOR_PROBES if m in modules]
 
@@ -136,8 +152,12 @@ def test_topo_without_vendor_devices_imports_no_vendor_probe(source: str) -> Non
 @pytest.mark.parametrize("source", ["live", "xml"])
 def test_topo_loads_no_archive_code(source: str) -> None:
     """A topology read from the host or an XML file loads no tar code (only a captured archive
-    needs it)."""
-    extra = () if source == "live" else ("--hwloc-xml", str(HWLOC_XML / "nvidiaDGX2.xml"))
-    modules = loaded_by("topo", *extra, "--format", "json")
+    needs it): not in the command, nor in the child that reads the export."""
+    if source == "live":
+        modules = loaded_by("topo", "--format", "json")
+    else:
+        xml = str(HWLOC_XML / "nvidiaDGX2.xml")
+        assert "tarfile" not in loaded_by("topo", "--hwloc-xml", xml, "--format", "json")
+        modules = loaded_by_child("--hwloc-xml", xml)
     assert "pyhwloc.hwloc.core" in modules  # the hwloc probe did run
     assert "tarfile" not in modules

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from memtopo.cli.main import main
 from memtopo.cli.render import MAX_WIDTH, render
-from memtopo.discovery.accelerators import id_order
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
+from memtopo.text import natural_key
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_LINUX, HWLOC_XML, discovered, hwloc_root
 
@@ -118,14 +118,14 @@ def test_absent_sources_share_one_line_unless_asked(capsys: pytest.CaptureFixtur
 
 @given(prefix=st.sampled_from(["GPU", "NPU", "XPU", "davinci"]),
        numbers=st.lists(st.integers(0, 10**6), min_size=1, max_size=30, unique=True))
-def test_id_order_counts_like_people_do(prefix: str, numbers: list[int]) -> None:
+def test_natural_key_counts_like_people_do(prefix: str, numbers: list[int]) -> None:
     ids = [f"{prefix}{n}" for n in numbers]
-    assert sorted(ids, key=id_order) == [f"{prefix}{n}" for n in sorted(numbers)]
+    assert sorted(ids, key=natural_key) == [f"{prefix}{n}" for n in sorted(numbers)]
 
 
 @given(st.text(max_size=20))
-def test_id_order_takes_any_text(ident: str) -> None:
-    assert isinstance(id_order(ident), tuple)
+def test_natural_key_takes_any_text(ident: str) -> None:
+    assert isinstance(natural_key(ident), tuple)
 
 
 def test_accelerator_rows_and_groups_count_numerically_whatever_order_they_arrive_in() -> None:

@@ -144,7 +144,7 @@ def test_a_cancelled_discovery_kills_the_helper_and_its_child(monkeypatch: pytes
 
 @pytest.mark.parametrize(("mode", "message"), [
     ("raise-first", r"discovery failed: RuntimeError: 'probe bug \\x1b\[2J on cue'"),
-    ("crash-first", "the discovery process ended without an answer"),
+    ("crash-first", "the discovery process died of SIGKILL outside any probe"),
 ])
 def test_a_failing_child_is_a_typed_error_and_the_helper_serves_on(monkeypatch: pytest.MonkeyPatch,
                                                                    mode: str, message: str) -> None:
@@ -166,6 +166,48 @@ def test_a_failing_child_is_a_typed_error_and_the_helper_serves_on(monkeypatch: 
     pid, pid_after, topo = asyncio.run(run())
     assert pid is not None and pid == pid_after
     assert topo.numa_nodes
+
+
+# The helper with one probe killed by a signal on its own thread, as a fault in a C library is
+# delivered to the thread that faulted.
+_DIES_IN = r"""
+import signal, sys, threading
+from memtopo.discovery import {module}
+def probe(*args, **kw):
+    signal.pthread_kill(threading.get_ident(), signal.{signal})
+{module}.probe = probe
+from memtopo.discovery.helper import main
+sys.exit(main([]))
+"""
+
+
+@pytest.mark.parametrize(("module", "source", "sig"), [("sysfs_tiers", "sysfs.memory_tiers", "SIGSEGV"),
+                                                         ("sysfs_pci", "sysfs.pci", "SIGKILL")])
+def test_a_child_killed_in_a_probe_costs_that_source_and_the_helper_serves_on(
+        monkeypatch: pytest.MonkeyPatch, module: str, source: str, sig: str) -> None:
+    """The node stayed unready when every discovery child died; now the helper runs the discovery
+    again without the probe the child died in, whose source names the signal, and keeps serving."""
+    _with_code(monkeypatch, _DIES_IN.format(module=module, signal=sig))
+    root = str(lab_root("dual-socket-tiered"))
+
+    async def run() -> tuple[pb.MemoryTopology, pb.MemoryTopology, int | None, int | None]:
+        helper = isolated.DiscoveryHelper()
+        try:
+            first = (await helper.discover(root, timeout=300)).topology
+            pid = helper.pid
+            again = (await helper.discover(root, change=changes.full("again"), timeout=300)).topology
+            return first, again, pid, helper.pid
+        finally:
+            await helper.close()
+
+    first, again, pid, pid_after = asyncio.run(run())
+    for topo in (first, again):
+        status = next(s for s in topo.sources if s.source == source)
+        assert status.state == pb.SOURCE_STATE_DEGRADED
+        assert f"died of {sig} while this probe ran" in status.reasons[0]
+        assert len(topo.domains) == 3
+        assert next(s for s in topo.sources if s.source == "sysfs.numa").state == pb.SOURCE_STATE_OK
+    assert pid is not None and pid == pid_after
 
 
 _ANSWER = "import sys, struct; sys.stdin.buffer.read(4); w = sys.stdout.buffer.write; "

@@ -7,13 +7,11 @@ written from those sources (node numbering, SLIT rule, GPU↔Grace placement), n
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -37,25 +35,15 @@ from memtopo.discovery.source import ProbeContext, ProbeResult, State
 from memtopo.pci import normalize_bdf
 from tests.fixtures import extracted, hwloc_root
 from tests.strategies import json_like
-from tests.synth import fixture_files, tree
+from tests.synth import fixture_files, load_module, tree
 from tests.sysfs_tree import Link, write_tree
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 HOSTS = ("gh200", "gh200-quad", "gb200-tray")
 
 
-def _load_grace() -> ModuleType:
-    """The layout module the three hosts are built from (also what their host.py load)."""
-    spec = importlib.util.spec_from_file_location("memtopo_fixture_grace", FIXTURES / "gh200" / "grace.py")
-    assert spec is not None and spec.loader is not None
-    if spec.name not in sys.modules:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[spec.name]
-
-
-grace = _load_grace()
+# The layout module the three hosts are built from (also what their host.py load).
+grace = load_module(FIXTURES / "gh200" / "grace.py", "memtopo_fixture_grace")
 
 
 # Extracted once and cached across runs (tests.fixtures.extracted): tests that change files copy them.

@@ -18,11 +18,10 @@ from hypothesis import strategies as st
 
 from memtopo.cli.main import main
 from memtopo.cpulist import parse_cpulist
-from memtopo.discovery.discover import discover
-from memtopo.discovery.source import ProbeContext
-from memtopo.draw.svg import compact_cpus, compact_ids, crosses, font_of, natural_key, text_width, topology_svg
+from memtopo.draw.svg import compact_cpus, compact_ids, crosses, font_of, text_width, topology_svg
+from memtopo.text import natural_key
 from memtopo.v1 import topology_pb2 as pb
-from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, REPO, discovered, extracted
+from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, REPO, discovered
 
 SVG = "{http://www.w3.org/2000/svg}"
 SYNTH = Path(__file__).parents[1] / "fixtures"
@@ -148,8 +147,7 @@ def test_same_topology_same_bytes_whatever_the_order_of_the_lists(name: str) -> 
     path = next(p for p in INPUTS if _id(p) == name)
     first = topology_svg(discovered(path))
     # A second discovery of the same capture: nothing volatile (time, durations) reaches the picture.
-    again = discover(ProbeContext.at_root("/", hwloc_xml=path) if path.suffix == ".xml"
-                     else ProbeContext.at_root(extracted(path)))
+    again = discovered(path)
     assert topology_svg(again) == first
     shuffled = discovered(path)
     rng = random.Random(7)

@@ -428,3 +428,22 @@ def test_an_unprintable_host_name_is_reported_escaped(tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert "no node name (no host name: proc/sys/kernel/hostname: not printable: 'gh\\x1b[2J200'" in err
     assert "\x1b" not in err and "'' is not" not in err
+
+
+@pytest.mark.parametrize("kind", ["empty directory", "missing path", "garbage tarball"])
+def test_cli_handles_a_root_it_cannot_read_as_topo_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        kind: str) -> None:
+    """These were tracebacks from `k8s nrt --root`; `topo --root` said what was wrong and exited 2."""
+    root = tmp_path / ("empty" if kind == "empty directory" else "missing" if kind == "missing path" else "x.tar.gz")
+    if kind == "empty directory":
+        root.mkdir()
+    elif kind == "garbage tarball":
+        root.write_bytes(b"\x1f\x8b not a gzip stream, nor a tar")
+    answers = []
+    for argv in (["topo", "--root", str(root)], ["k8s", "nrt", "--root", str(root), "--node-name", "n1"]):
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        answers.append((rc, out, err))
+    (topo_rc, _, topo_err), (nrt_rc, nrt_out, nrt_err) = answers
+    assert nrt_rc == topo_rc == 2 and nrt_out == ""
+    assert nrt_err == topo_err and nrt_err.startswith(f"memtopo: {root}") and "Traceback" not in nrt_err
