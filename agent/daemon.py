@@ -521,9 +521,9 @@ class Agent:
             # Listening before the first discovery: a change while it runs still triggers a rescan.
             if self.config.discovery.udev and self.config.root in ("", "/"):
                 monitor = self._start_udev()
+            started.append(self._close_helper)  # the helper's process, whatever fails after this
             await self._discover_and_publish(ctx, changes.full("start"))
             if self._stop.is_set():  # stopped during the first discovery: nothing else was started
-                await self._close_helper()
                 if monitor is not None:
                     asyncio.get_running_loop().remove_reader(monitor.fileno())
                 for undo in reversed(started):
