@@ -1,7 +1,7 @@
 """The house's floors, read from the code's own imports: data flows host → discovery → topology →
 planner → plan → apply, the ground floor (``memtopo`` itself: the schema, host reading, shared value
-types) imports nothing above it, agent and controller never import each other, and only ``cli``
-stands on everything. A failure names the file, the line and the import that crosses a floor."""
+types) imports nothing above it, agent and controller never import each other, nor controller and
+extender, and only ``cli`` stands on everything. A failure names the file, the line and the import that crosses a floor."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "k8s": frozenset(),
     "agent": frozenset({"discovery", "apply", "k8s"}),
     "controller": frozenset({"planner", "draw", "k8s"}),
-    "cli": frozenset({"discovery", "planner", "apply", "draw", "k8s", "agent", "controller"}),
+    "extender": frozenset({"planner", "k8s"}),
+    "cli": frozenset({"discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "extender"}),
 }
 
 

@@ -1,0 +1,603 @@
+"""The API server's fleet: NodeResourceTopology objects and pods, watched, judged per node.
+
+Three informers (``k8s.informer``) keep the view: the NodeResourceTopologies (each kept as
+``k8s.nrt_read``'s compact model, or the reason it cannot be read), the pods bound to a node and the
+unbound pods carrying a bind's claim (each kept as an ``inflight.PodRecord``). Everything a decision
+reads lives in the API server, so any number of replicas hold the same view and decide alike.
+
+Per node and pod shape (``ask.shape_key``), the judgement is:
+
+1. the node's object: missing, unusable (``NrtReadError``'s reason) or stale (``inflight``: its pods
+   fingerprint has not caught up for ``max_age``) → the node fails, unresolvable, with that reason;
+2. what the kubelet will admit (``k8s.admission.admit``) on the zones' ``available`` less the pods in
+   flight → the kubelet's reason (``TopologyAffinityError: …``, ``UnexpectedAdmissionError: …``);
+   unresolvable when the node could not admit the pod even with nothing running;
+3. for a pod memtopo places (hccs, xpu, place), memtopo's choice among the placements the kubelet
+   accepts (``planner.zones``) → ``memtopo POLICY: …`` when none will do.
+
+Judgements are cached per node and pod shape and dropped when that node's object, its pods or what is
+in flight there changes: one changed object re-judges one node, never the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from memtopo.cpulist import format_cpulist
+from memtopo.extender import inflight
+from memtopo.extender.ask import DEVICE_RESOURCE, PodAsk, pod_ask, shape_key
+from memtopo.extender.inflight import CLAIM_LABEL, Claims, InFlight, PodRecord, claim_label, pod_record
+from memtopo.extender.wire import MAX_EXTENDER_PRIORITY, BindArgs, ExtenderError, Verdict
+from memtopo.k8s import kubeapi
+from memtopo.k8s.admission import Alignment, PodError, PodRequest, admit, parse_pod
+from memtopo.k8s.admission import Verdict as Admission
+from memtopo.k8s.enforcement import PLACEMENT_ANNOTATION
+from memtopo.k8s.informer import Informer, InformerStatus
+from memtopo.k8s.kubeapi import KubeApi, KubeApiError
+from memtopo.k8s.nrt_read import NodeTopology, NrtReadError, Zone, ZoneResource, read_nrt
+from memtopo.k8s.resources import MEMORY, is_hugepages
+from memtopo.k8s.scoring import Strategy, extender_score, score
+from memtopo.logs import get_logger
+from memtopo.planner import zones as zone_policies
+from memtopo.text import shorten
+
+log = get_logger(component="extender")
+
+DEFAULT_MAX_AGE_S: Final = 120.0
+DEFAULT_CLAIM_TTL_S: Final = 30.0
+# memtopo's own score: its policy's rank where the pod has one, else LeastNUMANodes (see README).
+MEMTOPO: Final = "memtopo"
+STRATEGIES: Final = (MEMTOPO, *(s.value for s in Strategy))
+# Pod shapes whose judgements one node keeps; a node past it starts over.
+MAX_SHAPES: Final = 16
+# Past this many nodes to judge afresh, the work leaves the event loop.
+THREAD_THRESHOLD: Final = 64
+BOUND: Final = "spec.nodeName!="
+UNBOUND: Final = "spec.nodeName="
+_NO_CLAIMS: Claims = ()
+
+
+def _read(obj: dict[str, Any]) -> NodeTopology | Exception:
+    try:
+        return read_nrt(obj)
+    except NrtReadError as exc:
+        return exc
+
+
+@dataclass(slots=True)
+class NodeJudgement:
+    """One node for one pod shape: the filter verdict; for a fitting node the zones it goes to, what it
+    holds there (claims) and memtopo's rank key; the scores asked for so far (strategy → 0–100)."""
+
+    verdict: Verdict
+    key: tuple[float, ...] = ()
+    placement: tuple[int, ...] = ()
+    claims: Claims = ()
+    detail: str = ""
+    scores: dict[str, int] = field(default_factory=dict)
+
+
+class NodeState:
+    """One node as the informers show it: its object (or why it cannot be read), the pods bound to it,
+    the unbound pods claiming it, and what is derived from them until the next change."""
+
+    __slots__ = ("bound", "changed_at", "claims", "empty", "error", "facts", "flight", "name", "topology",
+                 "verdicts")
+
+    def __init__(self, name: str, now: float) -> None:
+        self.name = name
+        self.topology: NodeTopology | None = None
+        self.error = ""
+        self.bound: dict[str, PodRecord] = {}
+        self.claims: dict[str, PodRecord] = {}
+        self.changed_at = now
+        self.flight: InFlight | None = None
+        self.verdicts: dict[str, NodeJudgement] = {}
+        self.empty: NodeTopology | None = None
+        self.facts: dict[str, Mapping[int, zone_policies.ZoneFacts]] = {}
+
+    def changed(self, now: float) -> None:
+        self.changed_at = now
+        self.flight = None
+        self._derived_gone()
+
+    def _derived_gone(self) -> None:
+        self.verdicts = {}
+        self.empty = None
+        self.facts = {}
+
+    def set_flight(self, flight: InFlight) -> None:
+        if self.flight is None or self.flight.reserved != flight.reserved or self.flight.stale != flight.stale:
+            self._derived_gone()
+        self.flight = flight
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """A pod as one request judges it: parsed once, its memtopo ask, its shape."""
+
+    request: PodRequest
+    ask: PodAsk
+    shape: str
+    zone_request: zone_policies.ZoneRequest | None
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> PodInfo:
+        try:
+            request = parse_pod(pod)
+        except PodError as exc:
+            raise ExtenderError("invalid_pod", str(exc)) from None
+        ask = pod_ask(pod)
+        zreq = None
+        if ask.policy in DEVICE_RESOURCE:
+            zreq = zone_policies.ZoneRequest(ask.policy, devices=int(ask.request["request"]))
+        elif ask.policy == "place":
+            constraints = ask.request.get("constraints", {})
+            zreq = zone_policies.ZoneRequest("place", allow_cxl=bool(constraints.get("allow_cxl_memory", False)))
+        return cls(request, ask, shape_key(pod), zreq)
+
+
+def _empty(topo: NodeTopology) -> NodeTopology:
+    """The node with nothing running: every zone's available = allocatable."""
+    zones = tuple(z._replace(resources=tuple(r._replace(available=r.allocatable) for r in z.resources))
+                  for z in topo.zones)
+    return topo._replace(zones=zones)
+
+
+def _free(zone: Zone, resource: str, reserved: Mapping[int, Mapping[str, int]]) -> int:
+    r = zone.resource(resource)
+    if r is None:
+        return 0
+    return max(r.available - reserved.get(zone.numa_id, {}).get(resource, 0), 0)
+
+
+def zone_facts(topo: NodeTopology, resource: str | None,
+               reserved: Mapping[int, Mapping[str, int]]) -> dict[int, zone_policies.ZoneFacts]:
+    """The node's alignable zones as ``planner.zones`` reads them; devices of ``resource``."""
+    out: dict[int, zone_policies.ZoneFacts] = {}
+    for z in topo.alignable_zones():
+        m = z.memory
+        groups: tuple[tuple[str, ...], ...] = ()
+        if z.groups is not None and resource is not None:
+            groups = z.groups.hccs_rings if resource == DEVICE_RESOURCE["hccs"] else z.groups.xpu_halves
+        dev: ZoneResource | None = z.resource(resource) if resource is not None else None
+        out[z.numa_id] = zone_policies.ZoneFacts(
+            z.numa_id, (m.memory_type or "") if m is not None else "", m.tier if m is not None else None,
+            m.read_bandwidth_mbps if m is not None else None, m.read_latency_ns if m is not None else None,
+            groups, dev.allocatable if dev is not None else 0,
+            _free(z, resource, reserved) if resource is not None else 0)
+    return out
+
+
+def _principal(admission: Admission, resource: str | None) -> Alignment | None:
+    """The unit whose placement stands for the pod: the first app container (or the pod) hinting
+    ``resource``, else the first with any hint."""
+    units = [a for a in admission.alignments if not a.init] or list(admission.alignments)
+    if resource is not None:
+        found = next((a for a in units if resource in a.hinted), None)
+        if found is not None:
+            return found
+    return next((a for a in units if a.hinted), units[0] if units else None)
+
+
+def _kubelet_zones(admission: Admission) -> tuple[int, ...]:
+    """Where the kubelet puts the pod's exclusive amounts: the zones of its claims, else of its choices."""
+    zones = {z for z, _, _ in admission.claims}
+    if not zones:
+        zones = {z for a in admission.alignments if not a.init and a.choice for z in a.choice}
+    return tuple(sorted(zones))
+
+
+def claims_in(topo: NodeTopology, reserved: Mapping[int, Mapping[str, int]], demand: Iterable[tuple[str, int]],
+              placement: Sequence[int]) -> Claims:
+    """Each demanded amount taken from ``placement``'s zones first (NUMA order), then from any other zone
+    with room, as the kubelet's allocators take leftovers."""
+    free: dict[tuple[int, str], int] = {}
+    order = sorted(placement) + sorted(z.numa_id for z in topo.zones if z.numa_id not in placement)
+    zones = {z.numa_id: z for z in topo.zones}
+    out: list[tuple[int, str, int]] = []
+    for name, need in demand:
+        left = need
+        for zid in order:
+            if left <= 0 or zid not in zones:
+                break
+            have = free.setdefault((zid, name), _free(zones[zid], name, reserved))
+            part = min(left, have)
+            if part > 0:
+                free[zid, name] = have - part
+                out.append((zid, name, part))
+                left -= part
+    return tuple(out)
+
+
+def judge_node(topo: NodeTopology | None, error: str, flight: InFlight | None, info: PodInfo,
+               empty: Callable[[], NodeTopology], facts: Callable[[str | None], Mapping[int, zone_policies.ZoneFacts]],
+               name: str) -> NodeJudgement:
+    """One node's judgement for one pod (see the module's description)."""
+    if topo is None:
+        reason = (f"memtopo: NodeResourceTopology {shorten(name, 63)} cannot be read: {error}" if error else
+                  f"memtopo: no NodeResourceTopology named {shorten(name, 63)} (no publisher has written one)")
+        return NodeJudgement(Verdict(False, reason, True))
+    assert flight is not None
+    if flight.stale:
+        return NodeJudgement(Verdict(False, f"memtopo: {flight.stale}", True))
+    admission = admit(topo, info.request, flight.reserved)
+    if not admission.admit:
+        unresolvable = not admit(empty(), info.request).admit
+        return NodeJudgement(Verdict(False, f"{admission.reason}: {admission.message}", unresolvable))
+    kubelet = _kubelet_zones(admission)
+    zreq = info.zone_request
+    if zreq is None:
+        return NodeJudgement(Verdict(True), placement=kubelet, claims=admission.claims)
+    resource = DEVICE_RESOURCE.get(zreq.policy)
+    unit = _principal(admission, resource)
+    accepted = unit.accepted if unit is not None else ()
+    # The kubelet picks a device's zone itself wherever it aligns devices; CPUs and memory too under
+    # its static managers. memtopo's node enforcement places them otherwise (the placement it writes).
+    kubelet_places = topo.policy != "none" and unit is not None and unit.choice is not None and (
+        resource is not None or topo.cpu_manager_policy == "static" or topo.memory_manager_policy == "Static")
+    choice = zone_policies.choose(zreq, facts(resource), accepted, unit.choice if kubelet_places and unit else None)
+    if choice.placement is None:
+        return NodeJudgement(Verdict(False, f"memtopo {zreq.policy}: {choice.reason}", choice.unresolvable))
+    placement = tuple(sorted(choice.placement))
+    claims = admission.claims
+    if unit is not None and unit.choice is not None and placement != tuple(sorted(unit.choice)):
+        claims = claims_in(topo, flight.reserved, _demand(info.request), placement)
+    return NodeJudgement(Verdict(True), choice.key, placement, claims, choice.detail)
+
+
+def _demand(request: PodRequest) -> tuple[tuple[str, int], ...]:
+    d = request.pod_demand
+    return tuple((n, q) for n, q in (("cpu", d.cpu), *d.memory, *d.devices) if q > 0)
+
+
+@dataclass
+class NrtJudgement:
+    """A request's judgements, by candidate name (None: the node has no state at all)."""
+
+    info: PodInfo
+    nodes: Mapping[str, NodeJudgement]
+
+    def verdict(self, name: str) -> Verdict | None:
+        j = self.nodes.get(name)
+        return j.verdict if j is not None else None
+
+
+class NrtFleet:
+    """The fleet from the API server (see the module's description). Run :meth:`run` as a task."""
+
+    def __init__(self, api: KubeApi, *, max_age: float = DEFAULT_MAX_AGE_S, claim_ttl: float = DEFAULT_CLAIM_TTL_S,
+                 strategy: str = MEMTOPO, weights: Mapping[str, int] | None = None,
+                 wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic,
+                 **informer_options: Any) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"score strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self.api = api
+        self.max_age = max_age
+        self.claim_ttl = claim_ttl
+        self.strategy = strategy
+        self.weights = dict(weights or {})
+        self.wall = wall
+        self.clock = clock
+        self.states: dict[str, NodeState] = {}
+        self._pod_node: dict[str, str] = {}
+        self._claim_node: dict[str, str] = {}
+        self.nrts: Informer[NodeTopology] = Informer(api, kubeapi.nrt_path(), _read, on_upsert=self._nrt_upsert,
+                                                     on_delete=self._nrt_delete, clock=clock, **informer_options)
+        self.pods: Informer[PodRecord] = Informer(api, kubeapi.core("pods"), pod_record, field_selector=BOUND,
+                                                  on_upsert=self._pod_upsert, on_delete=self._pod_delete,
+                                                  clock=clock, **informer_options)
+        self.claims: Informer[PodRecord] = Informer(api, kubeapi.core("pods"), pod_record, label_selector=CLAIM_LABEL,
+                                                    field_selector=UNBOUND, on_upsert=self._claim_upsert,
+                                                    on_delete=self._claim_delete, clock=clock, **informer_options)
+
+    # ---- the informers' callbacks (on the loop) --------------------------------------------------
+    def _state(self, name: str) -> NodeState:
+        st = self.states.get(name)
+        if st is None:
+            st = self.states[name] = NodeState(name, self.clock())
+        return st
+
+    def _drop_if_empty(self, st: NodeState) -> None:
+        if st.topology is None and not st.error and not st.bound and not st.claims:
+            self.states.pop(st.name, None)
+
+    def _nrt_upsert(self, key: str, value: NodeTopology | Exception) -> None:
+        st = self._state(key)
+        if isinstance(value, Exception):
+            st.topology, st.error = None, shorten(str(value), 300)
+        else:
+            st.topology, st.error = value, ""
+        st.changed(self.clock())
+
+    def _nrt_delete(self, key: str, value: NodeTopology | Exception) -> None:
+        st = self.states.get(key)
+        if st is not None:
+            st.topology, st.error = None, ""
+            st.changed(self.clock())
+            self._drop_if_empty(st)
+
+    def _move(self, where: dict[str, str], key: str, node: str, record: PodRecord | None,
+              slot: Callable[[NodeState], dict[str, PodRecord]]) -> None:
+        old = where.pop(key, None)
+        now = self.clock()
+        if old is not None:
+            st = self.states.get(old)
+            if st is not None:
+                slot(st).pop(key, None)
+                st.changed(now)
+                self._drop_if_empty(st)
+        if record is not None and node:
+            where[key] = node
+            st = self._state(node)
+            slot(st)[key] = record
+            st.changed(now)
+
+    def _pod_upsert(self, key: str, value: PodRecord | Exception) -> None:
+        record = value if isinstance(value, PodRecord) else None
+        self._move(self._pod_node, key, record.node if record else "", record, lambda st: st.bound)
+
+    def _pod_delete(self, key: str, value: PodRecord | Exception) -> None:
+        self._move(self._pod_node, key, "", None, lambda st: st.bound)
+
+    def _claim_upsert(self, key: str, value: PodRecord | Exception) -> None:
+        record = value if isinstance(value, PodRecord) and value.claim is not None and not value.node else None
+        node = record.claim.node if record is not None and record.claim is not None else ""
+        self._move(self._claim_node, key, node, record, lambda st: st.claims)
+
+    def _claim_delete(self, key: str, value: PodRecord | Exception) -> None:
+        self._move(self._claim_node, key, "", None, lambda st: st.claims)
+
+    # ---- running --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """The informers, until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for informer in (self.nrts, self.pods, self.claims):
+                group.create_task(informer.run())
+
+    def stop(self) -> None:
+        for informer in (self.nrts, self.pods, self.claims):
+            informer.stop()
+
+    def informers(self) -> dict[str, InformerStatus]:
+        return {"noderesourcetopologies": self.nrts.status(), "pods": self.pods.status(),
+                "claims": self.claims.status()}
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready once every informer listed, and while none has been stale for longer than max_age."""
+        now = self.clock()
+        out: dict[str, Any] = {"fleet": "nrt", "nodes": len(self.states)}
+        ready = True
+        for name, st in self.informers().items():
+            stale_for = st.stale_for(now)
+            ok = st.synced and stale_for <= self.max_age
+            ready = ready and ok
+            out[name] = {"synced": st.synced, "stale_seconds": round(stale_for, 3), "objects": st.objects,
+                         "errors": st.errors, "relists": st.relists, "restarts": st.restarts,
+                         **({"last_error": st.last_error} if st.last_error else {})}
+        out["status"] = "ok" if ready else "stale" if all(s.synced for s in self.informers().values()) else "syncing"
+        return ready, out
+
+    def gauges(self) -> Iterable[tuple[str, str, dict[str, str], float]]:
+        now = self.clock()
+        for name, st in self.informers().items():
+            labels = {"resource": name}
+            yield "view_synced", "1 once the informer's first list is stored", labels, float(st.synced)
+            yield "view_stale_seconds", "Seconds the informer's watch has been broken (0 while it works)", \
+                labels, st.stale_for(now)
+            yield "view_relists", "Lists after the first (410 Gone)", labels, float(st.relists)
+            yield "view_watch_restarts", "Watches started again after one ended or broke", labels, float(st.restarts)
+            yield "view_objects", "Objects the informer holds", labels, float(st.objects)
+            yield "view_bad_objects", "Objects the informer holds as the reason they cannot be read", labels, \
+                float(st.errors)
+
+    # ---- judging --------------------------------------------------------------------------------
+    def _flight(self, st: NodeState, now: float) -> InFlight | None:
+        topo = st.topology
+        if topo is None:
+            return None
+        flight = st.flight
+        if flight is None or flight.valid_until < now:
+            flight = inflight.in_flight(topo, list(st.bound.values()), list(st.claims.values()), now=now,
+                                        quiet_for=self.clock() - st.changed_at, max_age=self.max_age,
+                                        claim_ttl=self.claim_ttl)
+            st.set_flight(flight)
+        return flight
+
+    def _judge_state(self, st: NodeState, flight: InFlight | None, info: PodInfo,
+                     cache: dict[str, NodeJudgement]) -> NodeJudgement:
+        topo = st.topology
+
+        def empty() -> NodeTopology:
+            if st.empty is None and topo is not None:
+                st.empty = _empty(topo)
+            assert st.empty is not None
+            return st.empty
+
+        def facts(resource: str | None) -> Mapping[int, zone_policies.ZoneFacts]:
+            key = resource or ""
+            found = st.facts.get(key)
+            if found is None:
+                assert topo is not None and flight is not None
+                found = st.facts[key] = zone_facts(topo, resource, flight.reserved)
+            return found
+
+        j = judge_node(topo, st.error, flight, info, empty, facts, st.name)
+        if len(cache) >= MAX_SHAPES:
+            cache.clear()
+        cache[info.shape] = j
+        return j
+
+    async def judge(self, pod: Mapping[str, Any], names: Sequence[str]) -> NrtJudgement:
+        info = PodInfo.of(pod)
+        now = self.wall()
+        out: dict[str, NodeJudgement] = {}
+        todo: list[tuple[str, NodeState, InFlight | None, dict[str, NodeJudgement]]] = []
+        states = self.states
+        shape = info.shape
+        for name in names:
+            st = states.get(name)
+            if st is None:
+                out[name] = _missing(name)
+                continue
+            flight = self._flight(st, now)
+            cache = st.verdicts
+            found = cache.get(shape)
+            if found is not None:
+                out[name] = found
+            else:
+                todo.append((name, st, flight, cache))
+        if todo:
+            def work() -> list[tuple[str, NodeJudgement]]:
+                return [(name, self._judge_state(st, flight, info, cache)) for name, st, flight, cache in todo]
+            done = await asyncio.to_thread(work) if len(todo) > THREAD_THRESHOLD else work()
+            out.update(done)
+        return NrtJudgement(info, out)
+
+    def scores(self, judgement: NrtJudgement, names: Sequence[str]) -> list[int]:
+        """0–10 per name: the configured strategy (see ``STRATEGIES``); 0 for a node that does not fit."""
+        info = judgement.info
+        nodes = judgement.nodes
+        if self.strategy == MEMTOPO and info.zone_request is not None:
+            keys = [nodes[n].key if n in nodes and nodes[n].verdict.fits else None for n in names]
+            present = sorted({k for k in keys if k is not None}, reverse=True)
+            rank = {k: max(1, MAX_EXTENDER_PRIORITY - i) for i, k in enumerate(present)}
+            return [rank[k] if k is not None else 0 for k in keys]
+        strategy = Strategy.LEAST_NUMA_NODES if self.strategy == MEMTOPO else Strategy(self.strategy)
+        out: list[int] = []
+        for name in names:
+            j = nodes.get(name)
+            st = self.states.get(name)
+            if j is None or not j.verdict.fits or st is None or st.topology is None:
+                out.append(0)
+                continue
+            found = j.scores.get(strategy.value)
+            if found is None:
+                reserved = st.flight.reserved if st.flight is not None else None
+                found = j.scores[strategy.value] = score(st.topology, info.request, strategy, self.weights, reserved)
+            out.append(extender_score(found))
+        return out
+
+    # ---- bind -----------------------------------------------------------------------------------
+    async def _fresh(self, api: KubeApi, node: str) -> tuple[list[PodRecord], list[PodRecord]]:
+        """The pods bound to ``node`` and the unbound pods claiming it, read from the API server now
+        (not from the informers, which may lag another replica's bind)."""
+        pods = kubeapi.core("pods")
+        bound = await api.list(pods, {"fieldSelector": f"spec.nodeName={node}"})
+        claims = await api.list(pods, {"labelSelector": f"{CLAIM_LABEL}={claim_label(node)}"})
+        records: list[list[PodRecord]] = [[], []]
+        for i, listed in enumerate((bound.items, claims.items)):
+            for obj in listed:
+                try:
+                    records[i].append(pod_record(obj))
+                except ValueError:
+                    continue
+        return records[0], [r for r in records[1] if not r.node]
+
+    async def _node(self, api: KubeApi, node: str) -> NodeTopology:
+        try:
+            obj = await api.get(kubeapi.nrt_path(node), action=f"read NRT {node}")
+        except KubeApiError as exc:
+            if exc.kind == "not_found":
+                raise ExtenderError("no_fit", f"bind: no NodeResourceTopology named {node}") from None
+            raise ExtenderError("api", f"bind: {exc}") from exc
+        try:
+            return read_nrt(obj)
+        except NrtReadError as exc:
+            raise ExtenderError("no_fit", f"bind: {exc}") from None
+
+    async def _judge_fresh(self, api: KubeApi, topo: NodeTopology, info: PodInfo,
+                           key: str) -> tuple[NodeJudgement, InFlight]:
+        bound, claiming = await self._fresh(api, topo.name)
+        st = self.states.get(topo.name)
+        quiet = self.clock() - st.changed_at if st is not None else 0.0
+        flight = inflight.in_flight(topo, bound, claiming, now=self.wall(), quiet_for=quiet, max_age=self.max_age,
+                                    claim_ttl=self.claim_ttl, exclude=key)
+        empty = _empty(topo)
+        j = judge_node(topo, "", flight, info, lambda: empty,
+                       lambda resource: zone_facts(topo, resource, flight.reserved), topo.name)
+        return j, flight
+
+    async def bind(self, api: KubeApi, args: BindArgs, pod: Mapping[str, Any]) -> dict[str, str]:
+        """Claim the zones (the placement annotation and the claim label), read every claim and bound pod
+        on the node back from the API server, and bind only if the pod still fits with all of them
+        counted: of two binds racing for one zone, at least the later one sees the earlier one's claim.
+        A bind that loses takes its claim back and answers an Error (kube-scheduler tries the pod again)."""
+        info = PodInfo.of(pod)
+        key = f"{args.namespace}/{args.name}"
+        topo = await self._node(api, args.node)
+        first, _ = await self._judge_fresh(api, topo, info, key)
+        if not first.verdict.fits:
+            raise ExtenderError("no_fit", f"bind: {args.node} no longer fits pod {key}: {first.verdict.reason}")
+        doc = _placement(args.node, info, first, self.wall())
+        annotations = {PLACEMENT_ANNOTATION: json.dumps(doc, separators=(",", ":"))}
+        path = kubeapi.core("pods", args.name, namespace=args.namespace)
+        try:
+            await api.merge_patch(path, {"metadata": {"annotations": annotations,
+                                                      "labels": {CLAIM_LABEL: claim_label(args.node)}}},
+                                  action=f"claim {key} on {args.node}")
+            second, flight = await self._judge_fresh(api, topo, info, key)
+            lost = _lost(topo, second, first.claims, flight.reserved)
+            if lost:
+                await self._unclaim(api, path, key)
+                raise ExtenderError("conflict", f"bind: {key} → {args.node}: {lost} (another bind claimed it "
+                                                "meanwhile); kube-scheduler will try the pod again")
+            await api.bind_pod(args.namespace, args.name, args.uid, args.node)
+        except KubeApiError as exc:
+            await self._unclaim(api, path, key)
+            raise ExtenderError("api", f"bind: {key} → {args.node}: {exc}") from exc
+        log.info("extender_bound", pod=key, node=args.node, policy=info.ask.policy, zones=list(first.placement),
+                 detail=first.detail or None)
+        return annotations
+
+    async def _unclaim(self, api: KubeApi, path: kubeapi.ApiPath, key: str) -> None:
+        try:
+            await api.merge_patch(path, {"metadata": {"annotations": {PLACEMENT_ANNOTATION: None},
+                                                      "labels": {CLAIM_LABEL: None}}}, action=f"unclaim {key}")
+        except KubeApiError as exc:  # the claim then lapses after claim_ttl
+            log.warning("extender_unclaim_failed", pod=key, error=shorten(str(exc), 200))
+
+
+def _missing(name: str) -> NodeJudgement:
+    return NodeJudgement(Verdict(False, f"memtopo: no NodeResourceTopology named {shorten(name, 63)} "
+                                        "(no publisher has written one)", True))
+
+
+def _lost(topo: NodeTopology, judgement: NodeJudgement, claims: Claims,
+          reserved: Mapping[int, Mapping[str, int]]) -> str:
+    """Why the claimed amounts no longer fit with every other claim and pod in flight counted ("" when
+    they do): the pod must still be admitted, and each zone must still hold what this pod claimed there."""
+    if not judgement.verdict.fits:
+        return judgement.verdict.reason
+    wanted: dict[tuple[int, str], int] = {}
+    for zone, name, amount in claims:
+        wanted[zone, name] = wanted.get((zone, name), 0) + amount
+    zones = {z.numa_id: z for z in topo.zones}
+    for (zone, name), amount in sorted(wanted.items()):
+        z = zones.get(zone)
+        have = _free(z, name, reserved) if z is not None else 0
+        if have < amount:
+            return f"zone node-{zone} has {have} {name} left for the {amount} this pod claimed"
+    return ""
+
+
+def _placement(node: str, info: PodInfo, j: NodeJudgement, now: float) -> dict[str, Any]:
+    """The ``memtopo.io/placement`` a bind writes: the NUMA zones, what the pod holds in each (its claim,
+    which every replica counts until the node's object does) and, for the node's enforcement, the
+    memory nodes."""
+    amounts: dict[str, dict[str, int]] = {}
+    for zone, name, amount in j.claims:
+        amounts.setdefault(str(zone), {})[name] = amounts.get(str(zone), {}).get(name, 0) + amount
+    memory = sorted({z for z, n, _ in j.claims if n == MEMORY or is_hugepages(n)}) or list(j.placement)
+    doc: dict[str, Any] = {"node": node, "source": "nrt", "policy": info.ask.policy or "kubelet",
+                           "zones": list(j.placement), "claims": amounts, "at": round(now, 3)}
+    if memory:
+        doc["memory"] = {"nodes": format_cpulist(memory)}
+    if j.detail:
+        doc["detail"] = j.detail
+    return doc
