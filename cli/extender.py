@@ -38,6 +38,8 @@ class ExtenderOptions:
     claim_ttl: float = 30.0  # nrt: how long an unbound pod's claim holds its zones
     score: str = "memtopo"  # nrt: prioritize's strategy
     weights: Mapping[str, int] = field(default_factory=dict)
+    # nrt: the informers' settings (k8s.informer.Informer's keywords: watch_seconds, backoff …)
+    informer: Mapping[str, Any] = field(default_factory=dict)
 
 
 def installer(options: ExtenderOptions) -> RouteInstaller:
@@ -64,7 +66,7 @@ def build(options: ExtenderOptions, state: ControllerState) -> Extender:
         if options.kube is None:
             raise ValueError("--fleet nrt reads the API server: give --kube-api")
         fleet = NrtFleet(options.kube, max_age=options.max_age, claim_ttl=options.claim_ttl, strategy=options.score,
-                         weights=options.weights)
+                         weights=options.weights, **options.informer)
         metrics.gauges(fleet.gauges)
         state.start("extender-view", fleet.run())
     else:

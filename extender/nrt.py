@@ -220,7 +220,8 @@ def judge_node(topo: NodeTopology | None, error: str, flight: InFlight | None, i
                name: str) -> NodeJudgement:
     """One node's judgement for one pod (see the module's description)."""
     if topo is None:
-        reason = (f"memtopo: NodeResourceTopology {shorten(name, 63)} cannot be read: {error}" if error else
+        # NrtReadError's message names the object and the field.
+        reason = (f"memtopo: {error}" if error else
                   f"memtopo: no NodeResourceTopology named {shorten(name, 63)} (no publisher has written one)")
         return NodeJudgement(Verdict(False, reason, True))
     assert flight is not None
@@ -246,7 +247,9 @@ def judge_node(topo: NodeTopology | None, error: str, flight: InFlight | None, i
         return NodeJudgement(Verdict(False, f"memtopo {zreq.policy}: {choice.reason}", choice.unresolvable))
     placement = tuple(sorted(choice.placement))
     claims = admission.claims
-    if unit is not None and unit.choice is not None and placement != tuple(sorted(unit.choice)):
+    if unit is None or unit.choice is None or placement != tuple(sorted(unit.choice)):
+        # memtopo's placement, not the kubelet's: what the pod holds goes where memtopo puts it (the
+        # node's enforcement pins it there).
         claims = claims_in(topo, flight.reserved, _demand(info.request), placement)
     return NodeJudgement(Verdict(True), choice.key, placement, claims, choice.detail)
 

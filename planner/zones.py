@@ -14,12 +14,14 @@ and how good the best one is (``ZoneChoice.key``: larger is better, compared acr
   and the node the upstream score ``8·(capacity·4 − g) + (8 − available)`` (``planner.hccs``). A pod
   of 8 needs every ring entirely free.
 * **xpu** (``kunlunxin.com/xpu``): the two NUMA halves (``memtopo.io/xpu-numa-half``, else zones) and
-  their used counts give the node's occupancy; the score is ``1000·(1 − ΔMTF)`` (``planner.xpu``).
+  their used counts give the node's occupancy; the xpu policy's selector picks the half, and the score
+  is ``1000·(1 − ΔMTF)``, then the XPUs already used (``planner.xpu``).
 * **place** (GPU pods and pods with ``memtopo.io/`` annotations): each accepted placement's memory is
   rated by type (DRAM/HBM/Unified 1, unknown 0.8, CXL 0.5, NVM and GPU memory 0.2), kernel tier (the
   node's fastest tier 1, slower 0.5), read bandwidth (against the node's best) and latency (the node's
   best against it), averaged, and divided by the number of zones the placement spans; a placement whose
-  memory is all CXL needs ``allow_cxl``.
+  memory is all CXL needs ``allow_cxl``. Between nodes whose best placements rate alike, the one with
+  the higher read bandwidth (the lowest of its zones'; unknown counts 0), then the lower latency, wins.
 
 The devices a pod gets are the kubelet's to pick, inside the NUMA zones its Topology Manager chose: for
 hccs and xpu, when the kubelet aligns devices (``kubelet_choice`` given), the policy judges the ring or
@@ -139,6 +141,11 @@ def _hccs(req: ZoneRequest, zones: Mapping[int, ZoneFacts], accepted: Sequence[P
         return _fail(groups, True)
     if not groups:
         return _fail("no zone lists an Ascend 910 NPU", True)
+    rings = any(z.groups for z in zones.values())
+    odd = [g for g in groups if g.capacity > hccs.RING_NPUS] if rings else []
+    if odd:
+        return _fail(f"not an Ascend 910 node of HCCS rings of {hccs.RING_NPUS} NPUs (ring {odd[0].name} has "
+                     f"{odd[0].capacity})", True)
     capacity = sum(g.capacity for g in groups)
     free = sum(g.free for g in groups)
     per_pod = req.devices
@@ -197,28 +204,27 @@ def _xpu(req: ZoneRequest, zones: Mapping[int, ZoneFacts], accepted: Sequence[Pl
         chosen = _group_of_choice(groups, kubelet_choice)
         if isinstance(chosen, str):
             return _fail(f"{chosen}: a task of {n} XPUs stays inside one NUMA half")
-        candidates = [i for i, g in enumerate(groups) if g is chosen]
+        half = next((i for i, g in enumerate(groups) if g is chosen), None)
+        if half is not None and groups[half].free not in xpu.half_sizes(n):
+            half = None
     else:
-        candidates = [0, 1]
-    best: tuple[int, int] | None = None
-    for i in candidates:
-        if groups[i].free < n:
-            continue
-        taken = list(used)
-        taken[i] += n
-        after = xpu.mtf((1 << taken[0]) - 1 | ((1 << taken[1]) - 1) << xpu.HALF)
-        score = xpu.score_for_delta(after - before)
-        if best is None or score > best[0]:
-            best = (score, i)
-    if best is None:
+        # The xpu policy's own selector over the node's occupancy picks the half.
+        devices = xpu.select(n, occupancy)
+        half = (0 if devices[0] < xpu.HALF else 1) if devices else None
+    if half is None:
         halves = ", ".join(f"{g.name}: {g.free} free" for g in groups)
-        return _fail(f"no NUMA half can hold {n} XPUs ({halves})")
-    score, i = best
-    placement = _within(groups[i].zones, accepted, kubelet_choice)
+        where = f" in the kubelet's placement {_zones_text(kubelet_choice)}" if kubelet_choice is not None else ""
+        return _fail(f"no NUMA half{where} can hold {n} XPUs under the rule ({halves})")
+    taken = list(used)
+    taken[half] += n
+    after = xpu.mtf((1 << taken[0]) - 1 | ((1 << taken[1]) - 1) << xpu.HALF)
+    score = xpu.score_for_delta(after - before)
+    placement = _within(groups[half].zones, accepted, kubelet_choice)
     if placement is None:
-        return _fail(f"half {groups[i].name} ({_zones_text(groups[i].zones)}) is not a placement the kubelet accepts")
+        return _fail(f"half {groups[half].name} ({_zones_text(groups[half].zones)}) is not a placement the "
+                     "kubelet accepts")
     # Binpack next, as the xpu policy ranks: the node with more XPUs already used.
-    return ZoneChoice(placement, (float(score), float(sum(used))), detail=f"half {groups[i].name}")
+    return ZoneChoice(placement, (float(score), float(sum(used))), detail=f"half {groups[half].name}")
 
 
 def _within(zones: Placement, accepted: Sequence[Placement], kubelet_choice: Placement | None) -> Placement | None:
@@ -275,7 +281,11 @@ def _place(req: ZoneRequest, zones: Mapping[int, ZoneFacts], accepted: Sequence[
         return _fail(f"allow_cxl_memory: the placements the kubelet accepts ({', '.join(refused)}) hold CXL "
                      "memory only (memtopo.io/allow-cxl: \"true\" allows it)", True)
     fitness, placement = best
-    return ZoneChoice(placement, (fitness,), detail=f"memory {_zones_text(placement)} fitness {fitness:g}")
+    used = [zones[i] for i in placement if i in zones]
+    bandwidth = min((z.read_bandwidth_mbps or 0 for z in used), default=0)
+    latency = max((z.read_latency_ns or 0 for z in used), default=0)
+    return ZoneChoice(placement, (fitness, float(bandwidth), float(-latency)),
+                      detail=f"memory {_zones_text(placement)} fitness {fitness:g}")
 
 
 _POLICY: Final = {HCCS: _hccs, XPU: _xpu, PLACE: _place}

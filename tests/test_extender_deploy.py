@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from memtopo.extender.wire import PREFIX, VERBS
 
 from memtopo.controller.defaults import DEFAULT_HTTP
+from memtopo.extender.wire import PREFIX, VERBS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 COMPONENT = DEPLOY / "scheduler-extender"

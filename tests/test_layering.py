@@ -1,7 +1,8 @@
 """The house's floors, read from the code's own imports: data flows host → discovery → topology →
 planner → plan → apply, the ground floor (``memtopo`` itself: the schema, host reading, shared value
 types) imports nothing above it, agent and controller never import each other, nor controller and
-extender, and only ``cli`` stands on everything. A failure names the file, the line and the import that crosses a floor."""
+extender, and only ``cli`` stands on everything. A failure names the file, the line and the import that
+crosses a floor."""
 
 from __future__ import annotations
 
