@@ -82,6 +82,14 @@ class Judgement:
             out = self.tagged[id(v)] = Verdict(False, reason, v.unresolvable)
         return out
 
+    def failures(self, names: Sequence[str]) -> dict[str, Verdict]:
+        out: dict[str, Verdict] = {}
+        for name in names:
+            v = self.verdict(name)
+            if v is not None:
+                out[name] = v
+        return out
+
     def scores(self, names: Sequence[str]) -> list[int]:
         """0–10 for ``names`` (the judged nodes or some of them): the dense rank of the policy's score
         among these names, so the best of them gets 10 even when the judgement covered more nodes

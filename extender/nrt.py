@@ -22,8 +22,10 @@ in flight there changes: one changed object re-judges one node, never the fleet.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -53,10 +55,12 @@ DEFAULT_CLAIM_TTL_S: Final = 30.0
 # memtopo's own score: its policy's rank where the pod has one, else LeastNUMANodes (see README).
 MEMTOPO: Final = "memtopo"
 STRATEGIES: Final = (MEMTOPO, *(s.value for s in Strategy))
-# Pod shapes whose judgements one node keeps; a node past it starts over.
-MAX_SHAPES: Final = 16
+# Pod shapes whose judgements are kept (the least recently asked goes first).
+MAX_SHAPES: Final = 32
 # Past this many nodes to judge afresh, the work leaves the event loop.
 THREAD_THRESHOLD: Final = 64
+# Node changes remembered for the pod shapes' views; a view further behind judges every node again.
+CHANGE_LOG: Final = 1 << 16
 BOUND: Final = "spec.nodeName!="
 UNBOUND: Final = "spec.nodeName="
 _NO_CLAIMS: Claims = ()
@@ -69,25 +73,30 @@ def _read(obj: dict[str, Any]) -> NodeTopology | Exception:
         return exc
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class NodeJudgement:
-    """One node for one pod shape: the filter verdict; for a fitting node the zones it goes to, what it
-    holds there (claims) and memtopo's rank key; the scores asked for so far (strategy → 0–100)."""
+    """One node for one pod shape: the filter verdict (fits, or the reason and whether preemption could
+    change it); for a fitting node the zones it goes to, what it holds there (claims) and memtopo's rank
+    key (larger is better)."""
 
-    verdict: Verdict
+    fits: bool
+    reason: str = ""
+    unresolvable: bool = False
     key: tuple[float, ...] = ()
     placement: tuple[int, ...] = ()
     claims: Claims = ()
     detail: str = ""
-    scores: dict[str, int] = field(default_factory=dict)
+
+
+def _fail(reason: str, unresolvable: bool) -> NodeJudgement:
+    return NodeJudgement(False, reason, unresolvable)
 
 
 class NodeState:
     """One node as the informers show it: its object (or why it cannot be read), the pods bound to it,
     the unbound pods claiming it, and what is derived from them until the next change."""
 
-    __slots__ = ("bound", "changed_at", "claims", "empty", "error", "facts", "flight", "name", "topology",
-                 "verdicts")
+    __slots__ = ("bound", "changed_at", "claims", "empty", "error", "facts", "flight", "name", "topology")
 
     def __init__(self, name: str, now: float) -> None:
         self.name = name
@@ -97,24 +106,23 @@ class NodeState:
         self.claims: dict[str, PodRecord] = {}
         self.changed_at = now
         self.flight: InFlight | None = None
-        self.verdicts: dict[str, NodeJudgement] = {}
         self.empty: NodeTopology | None = None
         self.facts: dict[str, Mapping[int, zone_policies.ZoneFacts]] = {}
 
     def changed(self, now: float) -> None:
         self.changed_at = now
         self.flight = None
-        self._derived_gone()
-
-    def _derived_gone(self) -> None:
-        self.verdicts = {}
         self.empty = None
         self.facts = {}
 
-    def set_flight(self, flight: InFlight) -> None:
-        if self.flight is None or self.flight.reserved != flight.reserved or self.flight.stale != flight.stale:
-            self._derived_gone()
+    def set_flight(self, flight: InFlight) -> bool:
+        """Keep ``flight``; True when it holds other amounts (or another staleness) than the last one."""
+        old = self.flight
         self.flight = flight
+        if old is not None and (old.reserved != flight.reserved or old.stale != flight.stale):
+            self.facts = {}
+            return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -223,18 +231,18 @@ def judge_node(topo: NodeTopology | None, error: str, flight: InFlight | None, i
         # NrtReadError's message names the object and the field.
         reason = (f"memtopo: {error}" if error else
                   f"memtopo: no NodeResourceTopology named {shorten(name, 63)} (no publisher has written one)")
-        return NodeJudgement(Verdict(False, reason, True))
+        return _fail(reason, True)
     assert flight is not None
     if flight.stale:
-        return NodeJudgement(Verdict(False, f"memtopo: {flight.stale}", True))
+        return _fail(f"memtopo: {flight.stale}", True)
     admission = admit(topo, info.request, flight.reserved)
     if not admission.admit:
         unresolvable = not admit(empty(), info.request).admit
-        return NodeJudgement(Verdict(False, f"{admission.reason}: {admission.message}", unresolvable))
+        return _fail(f"{admission.reason}: {admission.message}", unresolvable)
     kubelet = _kubelet_zones(admission)
     zreq = info.zone_request
     if zreq is None:
-        return NodeJudgement(Verdict(True), placement=kubelet, claims=admission.claims)
+        return NodeJudgement(True, placement=kubelet, claims=admission.claims)
     resource = DEVICE_RESOURCE.get(zreq.policy)
     unit = _principal(admission, resource)
     accepted = unit.accepted if unit is not None else ()
@@ -244,14 +252,14 @@ def judge_node(topo: NodeTopology | None, error: str, flight: InFlight | None, i
         resource is not None or topo.cpu_manager_policy == "static" or topo.memory_manager_policy == "Static")
     choice = zone_policies.choose(zreq, facts(resource), accepted, unit.choice if kubelet_places and unit else None)
     if choice.placement is None:
-        return NodeJudgement(Verdict(False, f"memtopo {zreq.policy}: {choice.reason}", choice.unresolvable))
+        return _fail(f"memtopo {zreq.policy}: {choice.reason}", choice.unresolvable)
     placement = tuple(sorted(choice.placement))
     claims = admission.claims
     if unit is None or unit.choice is None or placement != tuple(sorted(unit.choice)):
         # memtopo's placement, not the kubelet's: what the pod holds goes where memtopo puts it (the
         # node's enforcement pins it there).
         claims = claims_in(topo, flight.reserved, _demand(info.request), placement)
-    return NodeJudgement(Verdict(True), choice.key, placement, claims, choice.detail)
+    return NodeJudgement(True, "", False, choice.key, placement, claims, choice.detail)
 
 
 def _demand(request: PodRequest) -> tuple[tuple[str, int], ...]:
@@ -259,16 +267,63 @@ def _demand(request: PodRequest) -> tuple[tuple[str, int], ...]:
     return tuple((n, q) for n, q in (("cpu", d.cpu), *d.memory, *d.devices) if q > 0)
 
 
+class ShapeView:
+    """Every node judged so far for one pod shape, kept until that node changes: the judgements, the
+    failing ones apart (filter answers from them without looking at every passing node) and the scores
+    asked for (strategy → 0–10 per node). ``seen``: the fleet's change log position it has caught up to."""
+
+    __slots__ = ("failed", "info", "judged", "scores", "seen")
+
+    def __init__(self, info: PodInfo, seen: int) -> None:
+        self.info = info
+        self.seen = seen
+        self.judged: dict[str, NodeJudgement] = {}
+        self.failed: dict[str, NodeJudgement] = {}
+        self.scores: dict[str, dict[str, int]] = {}
+
+    def forget(self, name: str) -> None:
+        self.judged.pop(name, None)
+        self.failed.pop(name, None)
+        for table in self.scores.values():
+            table.pop(name, None)
+
+    def forget_all(self) -> None:
+        self.judged.clear()
+        self.failed.clear()
+        self.scores.clear()
+
+    def put(self, name: str, j: NodeJudgement) -> None:
+        self.judged[name] = j
+        if not j.fits:
+            self.failed[name] = j
+
+
 @dataclass
 class NrtJudgement:
-    """A request's judgements, by candidate name (None: the node has no state at all)."""
+    """A request's judgements: those of its pod shape's view, and the candidates no object names."""
 
     info: PodInfo
-    nodes: Mapping[str, NodeJudgement]
+    view: ShapeView
+    unknown: Mapping[str, NodeJudgement] = field(default_factory=dict)
+
+    def failures(self, names: Sequence[str]) -> dict[str, NodeJudgement]:
+        """The failing candidates among ``names``."""
+        failed = self.view.failed
+        out: dict[str, NodeJudgement]
+        if len(failed) * 4 < len(names):
+            wanted = set(names)
+            out = {n: j for n, j in failed.items() if n in wanted}
+        else:
+            out = {n: failed[n] for n in names if n in failed}
+        out.update(self.unknown)
+        return out
+
+    def node(self, name: str) -> NodeJudgement | None:
+        return self.view.judged.get(name) or self.unknown.get(name)
 
     def verdict(self, name: str) -> Verdict | None:
-        j = self.nodes.get(name)
-        return j.verdict if j is not None else None
+        j = self.node(name)
+        return None if j is None or j.fits else Verdict(False, j.reason, j.unresolvable)
 
 
 class NrtFleet:
@@ -288,6 +343,13 @@ class NrtFleet:
         self.wall = wall
         self.clock = clock
         self.states: dict[str, NodeState] = {}
+        # Which node changed, in order: each pod shape's view forgets those nodes when it catches up.
+        self._seq = 0
+        self._log: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
+        self._views: OrderedDict[str, ShapeView] = OrderedDict()
+        # (Unix seconds, node) when a node's pods in flight may change with time alone.
+        self._expiries: list[tuple[float, str]] = []
+        self._score_strategy = Strategy.LEAST_NUMA_NODES if strategy == MEMTOPO else Strategy(strategy)
         self._pod_node: dict[str, str] = {}
         self._claim_node: dict[str, str] = {}
         self.nrts: Informer[NodeTopology] = Informer(api, kubeapi.nrt_path(), _read, on_upsert=self._nrt_upsert,
@@ -300,6 +362,10 @@ class NrtFleet:
                                                     on_delete=self._claim_delete, clock=clock, **informer_options)
 
     # ---- the informers' callbacks (on the loop) --------------------------------------------------
+    def _logged(self, name: str) -> None:
+        self._seq += 1
+        self._log.append((self._seq, name))
+
     def _state(self, name: str) -> NodeState:
         st = self.states.get(name)
         if st is None:
@@ -317,12 +383,14 @@ class NrtFleet:
         else:
             st.topology, st.error = value, ""
         st.changed(self.clock())
+        self._logged(key)
 
     def _nrt_delete(self, key: str, value: NodeTopology | Exception) -> None:
         st = self.states.get(key)
         if st is not None:
             st.topology, st.error = None, ""
             st.changed(self.clock())
+            self._logged(key)
             self._drop_if_empty(st)
 
     def _move(self, where: dict[str, str], key: str, node: str, record: PodRecord | None,
@@ -334,12 +402,14 @@ class NrtFleet:
             if st is not None:
                 slot(st).pop(key, None)
                 st.changed(now)
+                self._logged(old)
                 self._drop_if_empty(st)
         if record is not None and node:
             where[key] = node
             st = self._state(node)
             slot(st)[key] = record
             st.changed(now)
+            self._logged(node)
 
     def _pod_upsert(self, key: str, value: PodRecord | Exception) -> None:
         record = value if isinstance(value, PodRecord) else None
@@ -409,11 +479,44 @@ class NrtFleet:
             flight = inflight.in_flight(topo, list(st.bound.values()), list(st.claims.values()), now=now,
                                         quiet_for=self.clock() - st.changed_at, max_age=self.max_age,
                                         claim_ttl=self.claim_ttl)
-            st.set_flight(flight)
+            if st.set_flight(flight):
+                self._logged(st.name)
+            if flight.valid_until != float("inf"):
+                heapq.heappush(self._expiries, (flight.valid_until, st.name))
         return flight
 
-    def _judge_state(self, st: NodeState, flight: InFlight | None, info: PodInfo,
-                     cache: dict[str, NodeJudgement]) -> NodeJudgement:
+    def _expire(self, now: float) -> None:
+        """Nodes whose pods in flight change with time alone (a window closes, a claim lapses, an object
+        turns stale): judged again."""
+        heap = self._expiries
+        while heap and heap[0][0] < now:
+            _, name = heapq.heappop(heap)
+            st = self.states.get(name)
+            if st is not None and st.flight is not None and st.flight.valid_until < now:
+                self._flight(st, now)
+                self._logged(name)
+
+    def _view(self, info: PodInfo) -> ShapeView:
+        view = self._views.get(info.shape)
+        if view is None:
+            view = self._views[info.shape] = ShapeView(info, self._seq)
+            while len(self._views) > MAX_SHAPES:
+                self._views.popitem(last=False)
+            return view
+        self._views.move_to_end(info.shape)
+        if view.seen != self._seq:
+            log = self._log
+            if not log or log[0][0] > view.seen + 1:
+                view.forget_all()  # further behind than the log remembers
+            else:
+                for seq, name in reversed(log):
+                    if seq <= view.seen:
+                        break
+                    view.forget(name)
+            view.seen = self._seq
+        return view
+
+    def _judge_state(self, st: NodeState, flight: InFlight | None, info: PodInfo) -> NodeJudgement:
         topo = st.topology
 
         def empty() -> NodeTopology:
@@ -430,61 +533,64 @@ class NrtFleet:
                 found = st.facts[key] = zone_facts(topo, resource, flight.reserved)
             return found
 
-        j = judge_node(topo, st.error, flight, info, empty, facts, st.name)
-        if len(cache) >= MAX_SHAPES:
-            cache.clear()
-        cache[info.shape] = j
-        return j
+        return judge_node(topo, st.error, flight, info, empty, facts, st.name)
 
     async def judge(self, pod: Mapping[str, Any], names: Sequence[str]) -> NrtJudgement:
+        """Every candidate judged for the pod: from its shape's view where that node did not change
+        since, afresh otherwise (off the loop when there are many)."""
         info = PodInfo.of(pod)
         now = self.wall()
-        out: dict[str, NodeJudgement] = {}
-        todo: list[tuple[str, NodeState, InFlight | None, dict[str, NodeJudgement]]] = []
-        states = self.states
-        shape = info.shape
-        for name in names:
-            st = states.get(name)
+        self._expire(now)
+        view = self._view(info)
+        judged = view.judged
+        missing = [n for n in names if n not in judged]
+        if not missing:
+            return NrtJudgement(info, view)
+        unknown: dict[str, NodeJudgement] = {}
+        todo: list[tuple[str, NodeState, InFlight | None]] = []
+        get = self.states.get
+        for name in missing:
+            st = get(name)
             if st is None:
-                out[name] = _missing(name)
-                continue
-            flight = self._flight(st, now)
-            cache = st.verdicts
-            found = cache.get(shape)
-            if found is not None:
-                out[name] = found
+                unknown[name] = _missing(name)
             else:
-                todo.append((name, st, flight, cache))
+                todo.append((name, st, self._flight(st, now)))
         if todo:
             def work() -> list[tuple[str, NodeJudgement]]:
-                return [(name, self._judge_state(st, flight, info, cache)) for name, st, flight, cache in todo]
+                return [(name, self._judge_state(st, flight, info)) for name, st, flight in todo]
             done = await asyncio.to_thread(work) if len(todo) > THREAD_THRESHOLD else work()
-            out.update(done)
-        return NrtJudgement(info, out)
+            # A node that changed meanwhile is logged after the view's position: forgotten at the next
+            # catch-up, so its judgement here serves this request only.
+            for name, j in done:
+                view.put(name, j)
+        return NrtJudgement(info, view, unknown)
 
     def scores(self, judgement: NrtJudgement, names: Sequence[str]) -> list[int]:
         """0–10 per name: the configured strategy (see ``STRATEGIES``); 0 for a node that does not fit."""
         info = judgement.info
-        nodes = judgement.nodes
+        view = judgement.view
+        judged = view.judged
         if self.strategy == MEMTOPO and info.zone_request is not None:
-            keys = [nodes[n].key if n in nodes and nodes[n].verdict.fits else None for n in names]
+            keys: list[tuple[float, ...] | None] = []
+            for n in names:
+                j = judged.get(n)
+                keys.append(j.key if j is not None and j.fits else None)
             present = sorted({k for k in keys if k is not None}, reverse=True)
             rank = {k: max(1, MAX_EXTENDER_PRIORITY - i) for i, k in enumerate(present)}
             return [rank[k] if k is not None else 0 for k in keys]
-        strategy = Strategy.LEAST_NUMA_NODES if self.strategy == MEMTOPO else Strategy(self.strategy)
-        out: list[int] = []
+        strategy = self._score_strategy
+        table = view.scores.setdefault(strategy.value, {})
         for name in names:
-            j = nodes.get(name)
-            st = self.states.get(name)
-            if j is None or not j.verdict.fits or st is None or st.topology is None:
-                out.append(0)
+            if name in table:
                 continue
-            found = j.scores.get(strategy.value)
-            if found is None:
-                reserved = st.flight.reserved if st.flight is not None else None
-                found = j.scores[strategy.value] = score(st.topology, info.request, strategy, self.weights, reserved)
-            out.append(extender_score(found))
-        return out
+            j = judged.get(name)
+            st = self.states.get(name)
+            if j is None or not j.fits or st is None or st.topology is None:
+                continue
+            reserved = st.flight.reserved if st.flight is not None else None
+            table[name] = extender_score(score(st.topology, info.request, strategy, self.weights, reserved))
+        get = table.get
+        return [get(n, 0) for n in names]
 
     # ---- bind -----------------------------------------------------------------------------------
     async def _fresh(self, api: KubeApi, node: str) -> tuple[list[PodRecord], list[PodRecord]]:
@@ -535,8 +641,8 @@ class NrtFleet:
         key = f"{args.namespace}/{args.name}"
         topo = await self._node(api, args.node)
         first, _ = await self._judge_fresh(api, topo, info, key)
-        if not first.verdict.fits:
-            raise ExtenderError("no_fit", f"bind: {args.node} no longer fits pod {key}: {first.verdict.reason}")
+        if not first.fits:
+            raise ExtenderError("no_fit", f"bind: {args.node} no longer fits pod {key}: {first.reason}")
         doc = _placement(args.node, info, first, self.wall())
         annotations = {PLACEMENT_ANNOTATION: json.dumps(doc, separators=(",", ":"))}
         path = kubeapi.core("pods", args.name, namespace=args.namespace)
@@ -567,16 +673,15 @@ class NrtFleet:
 
 
 def _missing(name: str) -> NodeJudgement:
-    return NodeJudgement(Verdict(False, f"memtopo: no NodeResourceTopology named {shorten(name, 63)} "
-                                        "(no publisher has written one)", True))
+    return _fail(f"memtopo: no NodeResourceTopology named {shorten(name, 63)} (no publisher has written one)", True)
 
 
 def _lost(topo: NodeTopology, judgement: NodeJudgement, claims: Claims,
           reserved: Mapping[int, Mapping[str, int]]) -> str:
     """Why the claimed amounts no longer fit with every other claim and pod in flight counted ("" when
     they do): the pod must still be admitted, and each zone must still hold what this pod claimed there."""
-    if not judgement.verdict.fits:
-        return judgement.verdict.reason
+    if not judgement.fits:
+        return judgement.reason
     wanted: dict[tuple[int, str], int] = {}
     for zone, name, amount in claims:
         wanted[zone, name] = wanted.get((zone, name), 0) + amount

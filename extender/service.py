@@ -20,7 +20,7 @@ from memtopo.extender.metrics import ExtenderMetrics
 from memtopo.extender.wire import (
     BindArgs,
     ExtenderError,
-    Verdict,
+    Failure,
     bind_args,
     candidates,
     filter_answer,
@@ -38,13 +38,13 @@ log = get_logger(component="extender")
 
 
 class Judged(Protocol):
-    def verdict(self, name: str) -> Verdict | None: ...
+    def failures(self, names: Sequence[str]) -> Mapping[str, Failure]: ...
 
 
 class Fleet(Protocol):
     """What decides: a judgement of a pod over candidate names, scores from it, a bind."""
 
-    async def judge(self, pod: Mapping[str, Any], names: Sequence[str]) -> Any: ...
+    async def judge(self, pod: Mapping[str, Any], names: Sequence[str]) -> Judged: ...
 
     def scores(self, judgement: Any, names: Sequence[str]) -> list[int]: ...
 
@@ -99,7 +99,7 @@ class Extender:
         pod = pod_of(args)
         nodes = candidates(args)
         judgement = await self.fleet.judge(pod, nodes.names)
-        return filter_answer(nodes, judgement.verdict)
+        return filter_answer(nodes, judgement.failures(nodes.names))
 
     async def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         pod = pod_of(args)

@@ -10,9 +10,9 @@ kube-scheduler reports as a failed prioritize and scores without this extender.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from memtopo.text import shorten
 
@@ -107,27 +107,26 @@ class Verdict:
     unresolvable: bool = False
 
 
-PASS: Final = Verdict(True)
+class Failure(Protocol):
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def unresolvable(self) -> bool: ...
 
 
-def filter_answer(nodes: Candidates, verdict_of: Callable[[str], Verdict | None]) -> dict[str, Any]:
-    """``ExtenderFilterResult``: a node ``verdict_of`` says nothing about (None) passes."""
-    failed: dict[str, str] = {}
+def filter_answer(nodes: Candidates, failed: Mapping[str, Failure]) -> dict[str, Any]:
+    """``ExtenderFilterResult``: the candidates in ``failed`` fail with their reasons, the others pass."""
+    failed_nodes: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    passing: list[int] = []
-    get = verdict_of
-    for i, name in enumerate(nodes.names):
-        v = get(name)
-        if v is None or v.fits:
-            passing.append(i)
-        else:
-            (unresolvable if v.unresolvable else failed)[name] = v.reason
-    out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+    for name, v in failed.items():
+        (unresolvable if v.unresolvable else failed_nodes)[name] = v.reason
+    out: dict[str, Any] = {"FailedNodes": failed_nodes, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
     if nodes.items is None:
-        out["NodeNames"] = [nodes.names[i] for i in passing] if len(passing) < len(nodes.names) else nodes.names
+        out["NodeNames"] = [n for n in nodes.names if n not in failed] if failed else nodes.names
     else:
         out["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
-                        "items": [nodes.items[i] for i in passing]}
+                        "items": [item for n, item in zip(nodes.names, nodes.items, strict=True) if n not in failed]}
     return out
 
 

@@ -106,6 +106,9 @@ _MEMORY_ATTRS: Final = {
 # Values shared between objects (see _shared): bounded, so neither churn nor hostile objects grow it.
 _SHARED_MAX: Final = 1 << 16
 _SHARED: dict[Any, Any] = {}
+# Quantity texts already read as whole counts, and zone names as NUMA ids (bounded like _SHARED).
+_COUNTS: dict[str, int] = {}
+_ZONE_IDS: dict[str, int | None] = {}
 _ZONE_ATTRS: Final = frozenset({*_MEMORY_ATTRS, "memtopo.io/memory-type", "memtopo.io/cpuless", ATTR_HCCS_RING,
                                 ATTR_XPU_HALF})
 _TOP_ATTRS: Final = frozenset({ATTR_POLICY, ATTR_SCOPE, ATTR_MAX_NUMA_NODES, ATTR_PODS_FINGERPRINT,
@@ -190,11 +193,15 @@ class NodeTopology(NamedTuple):
 
 def zone_id(name: str) -> int | None:
     """The NUMA id in a zone name as ``numanode.NameToID`` reads it, or None when it is not one."""
+    if name in _ZONE_IDS:
+        return _ZONE_IDS[name]
     match = _ZONE_NAME.fullmatch(name) if len(name) <= 64 else None
-    if match is None:
-        return None
-    value = int(match.group(1))
-    return value if 0 <= value <= _GO_INT_MAX else None
+    value = int(match.group(1)) if match is not None else None
+    found = value if value is not None and 0 <= value <= _GO_INT_MAX else None
+    if len(_ZONE_IDS) >= _SHARED_MAX:
+        _ZONE_IDS.clear()
+    _ZONE_IDS[name] = found
+    return found
 
 
 class _Reader:
@@ -231,12 +238,26 @@ class _Reader:
     def count(self, value: object, where: str) -> int:
         if value is None:
             self.fail(where, "missing")
+        # Most quantities are plain integers or a few sizes repeated on every node (64Gi): read those
+        # without the exact parser, which costs most of an object's reading otherwise.
+        if type(value) is int and 0 <= value <= _GO_INT_MAX:
+            return value
+        if isinstance(value, str):
+            known = _COUNTS.get(value)
+            if known is not None:
+                return known
+            if value.isascii() and value.isdigit() and len(value) <= 18:
+                return int(value)
         try:
             number = parse_nonnegative(value)
         except QuantityError as exc:
             self.fail(where, str(exc))
         if number.denominator != 1:
             self.fail(where, f"{excerpt(str(value))} is not a whole number")
+        if isinstance(value, str) and len(value) <= 32:
+            if len(_COUNTS) >= _SHARED_MAX:
+                _COUNTS.clear()
+            _COUNTS[value] = int(number)
         return int(number)
 
 
@@ -287,6 +308,15 @@ def _costs(reader: _Reader, value: object, where: str) -> tuple[tuple[int, ...],
     ids: list[int] = []
     values: list[int] = []
     for i, item in enumerate(reader.items(value, where)):
+        # The common well-formed entry first, without building the field paths of its messages.
+        if type(item) is dict:
+            name, cost = item.get("name"), item.get("value")
+            if type(name) is str and len(name) <= MAX_TEXT and type(cost) is int and 0 <= cost <= _GO_INT_MAX:
+                numa = zone_id(name)
+                if numa is not None and numa <= MAX_NUMA_ID:
+                    ids.append(numa)
+                    values.append(cost)
+                continue
         entry = reader.mapping(item, f"{where}[{i}]")
         numa = zone_id(reader.text(entry.get("name"), f"{where}[{i}].name"))
         cost = entry.get("value")

@@ -141,8 +141,8 @@ def _hccs(req: ZoneRequest, zones: Mapping[int, ZoneFacts], accepted: Sequence[P
         return _fail(groups, True)
     if not groups:
         return _fail("no zone lists an Ascend 910 NPU", True)
-    rings = any(z.groups for z in zones.values())
-    odd = [g for g in groups if g.capacity > hccs.RING_NPUS] if rings else []
+    published = any(z.groups for z in zones.values())
+    odd = [g for g in groups if g.capacity > hccs.RING_NPUS] if published else []
     if odd:
         return _fail(f"not an Ascend 910 node of HCCS rings of {hccs.RING_NPUS} NPUs (ring {odd[0].name} has "
                      f"{odd[0].capacity})", True)
@@ -171,9 +171,9 @@ def _hccs(req: ZoneRequest, zones: Mapping[int, ZoneFacts], accepted: Sequence[P
         if index is not None and (best is None or index < best[0]):
             best = (index, g)
     if best is None:
-        rings = ", ".join(f"{g.name}: {g.free} free" for g in groups)
+        shown = ", ".join(f"{g.name}: {g.free} free" for g in groups)
         where = f" in the kubelet's placement {_zones_text(kubelet_choice)}" if kubelet_choice is not None else ""
-        return _fail(f"no HCCS ring{where} can hold {per_pod} NPUs under the ring rule ({rings})")
+        return _fail(f"no HCCS ring{where} can hold {per_pod} NPUs under the ring rule ({shown})")
     index, ring = best
     placement = _within(ring.zones, accepted, kubelet_choice)
     if placement is None:
