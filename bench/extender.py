@@ -284,8 +284,9 @@ _OBJECTS: dict[str, dict[str, Any]] = {}
 
 
 def _update_cost(ext: Extender, policy: str, name: str) -> float:
-    """The view's work for one changed object, on the extender's loop: read it (the informer's
-    transform), the informer's callback, and judging that node for the pod (what the next filter does)."""
+    """The view's work for one changed object, on the extender's loop: reading it (the informer's
+    transform), the informer's callback, and judging that node again for the pod (what the next filter
+    does for it, and for no other node)."""
     from memtopo.extender.nrt import PodInfo, _read
 
     obj = _OBJECTS.get(policy)
@@ -297,11 +298,12 @@ def _update_cost(ext: Extender, policy: str, name: str) -> float:
 
     async def on_loop() -> float:
         t = time.perf_counter()
-        value = _read(obj)
-        fleet._nrt_upsert(name, value)
-        judged = await fleet.judge(PODS[policy], [name])
-        assert judged.nodes[name] is not None and info.shape
-        return time.perf_counter() - t
+        fleet._nrt_upsert(name, _read(obj))
+        st = fleet.states[name]
+        j = fleet._judge_state(st, fleet._flight(st, fleet.wall()), info)
+        seconds = time.perf_counter() - t
+        assert j is not None
+        return seconds
 
     seconds: float = ext.call(on_loop())
     return seconds

@@ -157,9 +157,10 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
 
 
 def shape_key(pod: Mapping[str, Any]) -> str:
-    """A short key for what a judgement of this pod depends on: its containers' resources (and
-    restart policies: sidecars), overhead, QoS class and memtopo annotations, not its name. Pods of one
-    ReplicaSet share it, so a node's verdict is computed once for all of them."""
+    """A short key for what a judgement of this pod depends on: its containers' names (the kubelet's
+    reasons name them), resources and restart policies (sidecars), overhead, QoS class and memtopo
+    annotations, not the pod's own name. Pods of one ReplicaSet share it, so a node's verdict is computed
+    once for all of them."""
     spec = pod.get("spec")
     status = pod.get("status")
     parts: list[Any] = []
@@ -167,8 +168,8 @@ def shape_key(pod: Mapping[str, Any]) -> str:
         for key in _SHAPE_SPEC:
             value = spec.get(key)
             if isinstance(value, list):
-                value = [{k: c.get(k) for k in ("resources", "restartPolicy")} if isinstance(c, dict) else c
-                         for c in value]
+                value = [{k: c.get(k) for k in ("name", "resources", "restartPolicy")} if isinstance(c, dict)
+                         else c for c in value]
             parts.append(value)
     parts.append(status.get("qosClass") if isinstance(status, dict) else None)
     meta = pod.get("metadata")

@@ -22,6 +22,7 @@ in flight there changes: one changed object re-judges one node, never the fleet.
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import json
 import time
@@ -136,6 +137,11 @@ class PodInfo:
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodInfo:
+        """The pod's info; pods of one shape (a ReplicaSet's) are read once (the last ones kept)."""
+        shape = shape_key(pod)
+        found = _INFOS.get(shape)
+        if found is not None:
+            return found
         try:
             request = parse_pod(pod)
         except PodError as exc:
@@ -147,7 +153,14 @@ class PodInfo:
         elif ask.policy == "place":
             constraints = ask.request.get("constraints", {})
             zreq = zone_policies.ZoneRequest("place", allow_cxl=bool(constraints.get("allow_cxl_memory", False)))
-        return cls(request, ask, shape_key(pod), zreq)
+        info = cls(request, ask, shape, zreq)
+        if len(_INFOS) >= MAX_SHAPES:
+            _INFOS.pop(next(iter(_INFOS)))
+        _INFOS[shape] = info
+        return info
+
+
+_INFOS: dict[str, PodInfo] = {}
 
 
 def _empty(topo: NodeTopology) -> NodeTopology:
@@ -428,10 +441,16 @@ class NrtFleet:
 
     # ---- running --------------------------------------------------------------------------------
     async def run(self) -> None:
-        """The informers, until cancelled."""
+        """The informers, until cancelled. Once all three have listed, the objects of the view are moved
+        out of the garbage collector's generations (``gc.freeze``): they live as long as the process, and
+        a full collection scanning 10,000 objects' worth of tuples took up to 66 ms of a verb's time."""
         async with asyncio.TaskGroup() as group:
             for informer in (self.nrts, self.pods, self.claims):
                 group.create_task(informer.run())
+            for informer in (self.nrts, self.pods, self.claims):
+                await informer.wait_synced()
+            gc.freeze()
+            log.info("extender_view_synced", nodes=len(self.states), frozen=gc.get_freeze_count())
 
     def stop(self) -> None:
         for informer in (self.nrts, self.pods, self.claims):
