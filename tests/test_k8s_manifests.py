@@ -23,16 +23,24 @@ from memtopo.k8s.kubeapi import NRT_RESOURCE as PLURAL
 BASE = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 K8S_VERSION = "1.37.0"
 # What the builder implements; a kustomization using anything else must fail here, not build wrongly.
-_KNOWN = {"apiVersion", "kind", "resources", "configMapGenerator"}
+_KNOWN = {"apiVersion", "kind", "resources", "configMapGenerator", "components"}
 
 
 def build(base: Path) -> list[dict[str, Any]]:
-    """The objects `kustomize build` makes of ``base``, for the features this base uses."""
+    """The objects `kustomize build` makes of ``base``, for the features these kustomizations use:
+    resources (files, or directories holding a kustomization), a ConfigMap generator, and components
+    made of resources."""
     k = yaml.safe_load((base / "kustomization.yaml").read_text())
     assert set(k) <= _KNOWN, f"kustomization uses {set(k) - _KNOWN}: extend the builder"
     objs: list[dict[str, Any]] = []
     for res in k.get("resources", []):
-        objs += [d for d in yaml.safe_load_all((base / res).read_text()) if d]
+        path = base / res
+        objs += build(path) if path.is_dir() else [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for comp in k.get("components", []):
+        component = yaml.safe_load((base / comp / "kustomization.yaml").read_text())
+        assert component["kind"] == "Component" and set(component) <= {"apiVersion", "kind", "resources"}, \
+            "the component uses more than resources: extend the builder"
+        objs += build(base / comp)
     for gen in k.get("configMapGenerator", []):
         opts = gen.get("options", {})
         assert set(gen) <= {"name", "namespace", "files", "options"} and opts.get("disableNameSuffixHash") is True
@@ -155,4 +163,8 @@ def test_the_containerfile_installs_every_package_the_project_ships() -> None:
     for pattern in include:
         pkg = pattern.rstrip("*")
         assert f"COPY {pkg} ./{pkg}" in text, pkg
+    # Every floor memtopo/ links to is a folder of its own: the image needs each (a link to a folder the
+    # image lacks installs a package without its code).
+    for link in sorted(p for p in (BASE.parents[1] / "memtopo").iterdir() if p.is_symlink()):
+        assert f"COPY {link.name} ./{link.name}" in text, link.name
     assert "'.[k8s" in text
