@@ -23,9 +23,10 @@ node's object — never from its own memory of what it bound, so any number of r
   amounts per zone, and when) and a label naming the node's hash *before* the Binding, then reads the
   node's pods and claims back from the API server. An unbound pod's claim counts for ``claim_ttl``
   seconds; a bound pod's placement tells where its amounts go.
-- **Where the amounts go**: a pod with a placement holds its claimed amounts in its zones; one without
-  (bound by another scheduler, or before this extender) holds its whole exclusive demand in *every*
-  zone, as scheduler-plugins' overreserve does: it cannot be known which zone the kubelet gave it.
+- **Where the amounts go**: a pod with a placement holds its exclusive demand in the zones its claim
+  names (never more than its spec asks: the claim says where, the spec how much); one without (bound by
+  another scheduler, or before this extender) holds its whole exclusive demand in *every* zone, as
+  scheduler-plugins' overreserve does: it cannot be known which zone the kubelet gave it.
 
 Only exclusive amounts count (the kubelet's hint providers' demand: a Guaranteed pod's integral CPUs,
 memory and huge pages, and every pod's devices): a pod without them lowers no zone's ``available``.
@@ -274,24 +275,34 @@ def in_flight(topo: NodeTopology, bound: Iterable[PodRecord], claiming: Iterable
     reserved: dict[int, dict[str, int]] = {}
     pods: list[PodRecord] = []
     for p in flying:
-        if not p.demand and p.claim is None:
+        if not p.demand:
             continue
         pods.append(p)
         claim = p.claim
-        if claim is not None and claim.node == topo.name and claim.amounts:
-            for zone, name, amount in claim.amounts:
-                _add(reserved, zone, name, amount)
-        else:
-            for zone in zone_ids:
-                for name, amount in p.demand:
-                    _add(reserved, zone, name, amount)
+        _hold(reserved, p.demand, claim.amounts if claim is not None and claim.node == topo.name else (), zone_ids)
     for p in claiming:
         claim = p.claim
-        if (p.key == exclude or p.node or claim is None or claim.node != topo.name
+        if (p.key == exclude or p.node or claim is None or claim.node != topo.name or not p.demand
                 or not 0 <= now - claim.at <= claim_ttl):
             continue
         pods.append(p)
         valid_until = min(valid_until, claim.at + claim_ttl)
-        for zone, name, amount in claim.amounts:
-            _add(reserved, zone, name, amount)
+        _hold(reserved, p.demand, claim.amounts, zone_ids)
     return InFlight(tuple(pods), reserved, how, stale, valid_until)
+
+
+def _hold(reserved: dict[int, dict[str, int]], demand: Demand, claimed: Claims, zone_ids: Sequence[int]) -> None:
+    """What one pod holds: its own exclusive demand (what its spec asks, whatever its annotation says), in
+    the zones its claim names as far as the claim goes, the rest in every zone. A claim only says where:
+    a pod's owner can write one, and must not make a zone look fuller than the pod could make it."""
+    for name, need in demand:
+        left = need
+        for zone, claimed_name, amount in claimed:
+            if claimed_name != name or left <= 0:
+                continue
+            part = min(amount, left)
+            _add(reserved, zone, name, part)
+            left -= part
+        if left > 0:
+            for zone in zone_ids:
+                _add(reserved, zone, name, left)

@@ -92,9 +92,17 @@ def test_with_exclusive_resources_signs_only_pods_holding_some() -> None:
 
 
 def test_a_placed_pod_is_held_in_its_claimed_zones_only() -> None:
-    claim = Claim("n1", (1,), ((1, "cpu", 4), (1, "memory", 1 << 30)), NOW - 3)
-    f = flight(node(sign("a")), [rec("a"), rec("placed", age=3, phase="Pending", claim=claim)])
-    assert f.reserved == {1: {"cpu": 4, "memory": 1 << 30}}
+    claim = Claim("n1", (1,), ((1, "cpu", 4),), NOW - 3)
+    f = flight(node(sign("a")), [rec("a"), rec("placed", age=3, phase="Pending", cpus=4, claim=claim)])
+    assert f.reserved == {1: {"cpu": 4}}
+    # A claim holds no more than the pod's spec asks, and what it leaves out is held in every zone: an
+    # owner writing a placement cannot make a zone look fuller than the pod could.
+    greedy = Claim("n1", (0, 1), ((0, "cpu", 100), (1, "memory", 1 << 40)), NOW - 3)
+    f = flight(node(sign("a")), [rec("a"), rec("greedy", age=3, phase="Pending", cpus=2, claim=greedy)])
+    assert f.reserved == {0: {"cpu": 2}}
+    short = Claim("n1", (0,), ((0, "cpu", 1),), NOW - 3)
+    f = flight(node(sign("a")), [rec("a"), rec("short", age=3, phase="Pending", cpus=3, claim=short)])
+    assert f.reserved == {0: {"cpu": 3}, 1: {"cpu": 2}}
     # A claim written for another node does not say where this node holds it: every zone.
     elsewhere = Claim("n2", (1,), ((1, "cpu", 4),), NOW - 3)
     f = flight(node(sign("a")), [rec("a"), rec("moved", age=3, phase="Pending", claim=elsewhere)])
@@ -130,10 +138,11 @@ def test_more_unreflected_pods_than_the_search_tries_fall_back_to_the_window() -
 
 
 def test_unbound_claims_hold_their_zones_for_claim_ttl() -> None:
-    fresh = rec("binding", node_name="", claim=Claim("n1", (0,), ((0, "cpu", 4),), NOW - 10))
-    old = rec("abandoned", node_name="", claim=Claim("n1", (1,), ((1, "cpu", 4),), NOW - 31))
-    other = rec("other-node", node_name="", claim=Claim("n2", (0,), ((0, "cpu", 4),), NOW - 1))
-    f = flight(node(sign()), [], [fresh, old, other])
+    fresh = rec("binding", node_name="", cpus=4, claim=Claim("n1", (0,), ((0, "cpu", 4),), NOW - 10))
+    old = rec("abandoned", node_name="", cpus=4, claim=Claim("n1", (1,), ((1, "cpu", 4),), NOW - 31))
+    other = rec("other-node", node_name="", cpus=4, claim=Claim("n2", (0,), ((0, "cpu", 4),), NOW - 1))
+    future = rec("future", node_name="", cpus=4, claim=Claim("n1", (1,), ((1, "cpu", 4),), NOW + 3600))
+    f = flight(node(sign()), [], [fresh, old, other, future])
     assert f.reserved == {0: {"cpu": 4}} and [p.name for p in f.pods] == ["binding"]
     assert f.valid_until == pytest.approx(NOW + 20)
     # The pod a bind judges is left out of what is in flight.
