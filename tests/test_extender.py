@@ -9,6 +9,7 @@ server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -39,8 +40,12 @@ from memtopo.planner.errors import PlanError
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import extracted
 from tests.k8s_standin import StandInApiServer
+from tests.test_controller import _cert, pki
 from tests.test_controller_http import exchange, post
 from tests.test_planner_fleet import FIXTURES, node, npu
+
+
+__all__ = ["pki"]  # the PKI fixture (a CA, server and client certificates), used by the client-certificate test
 
 
 def gh200(name: str) -> fleet.FleetNode:
@@ -634,3 +639,86 @@ def test_bind_refuses_callers_it_cannot_authenticate(api: StandInApiServer, tmp_
         _, _, metrics = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert 'memtopo_extender_unauthenticated_total{verb="bind"} 3.0' in metrics.decode()
     with_fleet([node("910", "n1")], token_body, kube=KubeApi(api.url), auth=token_auth(tmp_path))
+
+
+# ---- kube-scheduler's client certificate ----------------------------------------------------------------
+async def tls_call(port: int, path: str, body: bytes, context: Any, method: str = "POST") -> tuple[int, bytes]:
+    import ssl
+
+    from tests.test_controller_http import read_response
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
+    try:
+        head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        writer.write(head + body)
+        await writer.drain()
+        status, _, raw = await read_response(reader)
+        return status, raw
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
+def test_with_a_client_ca_every_verb_needs_a_certificate_it_signed(pki: dict[str, str], api: StandInApiServer,
+                                                                  tmp_path: Path) -> None:
+    """The shipped setting: HTTPS with --extender-client-ca. kube-scheduler's certificate (signed by the
+    client CA) may bind; a client without one gets 403 on every verb but still reads /healthz and /readyz
+    (the kubelet's probes have none); a certificate of another CA is refused at the handshake; with
+    --extender-allow-subject, only that common name."""
+    import ssl
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from memtopo.controller.server import http_ssl_context
+
+    api.pods[("default", "a")] = npu_pod(1, name="a", uid="ua")
+    rogue_key = ec.generate_private_key(ec.SECP256R1())
+    rogue_ca = _cert("rogue CA", rogue_key, None, None, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "rogue.pem").write_bytes(_cert("client", key, rogue_ca, rogue_key, ca=False).public_bytes(
+        serialization.Encoding.PEM))
+    (tmp_path / "rogue.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                           serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+
+    def client(cert: str | None = None, key_file: str | None = None) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=pki["ca"])
+        if cert is not None:
+            context.load_cert_chain(cert, key_file)
+        return context
+
+    async def run(subjects: tuple[str, ...]) -> None:
+        kube = KubeApi(api.url)
+        options = ExtenderOptions(kube=kube, auth=Authenticator(client_ca=True, subjects=subjects))
+        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
+                                         http_ssl=http_ssl_context(pki["server"], pki["server_key"], pki["ca"]),
+                                         http_routes=(installer(options),))
+        try:
+            hold(running, [node("910", "n1")])
+            assert running.http is not None
+            port = running.http.port
+            bind = json.dumps(binding_args("a", "ua", "n1")).encode()
+            filt = json.dumps(names_args(npu_pod(1), ["n1"])).encode()
+            anonymous = client()
+            for path, body in (("/scheduler/filter", filt), ("/scheduler/bind", bind)):
+                status, raw = await tls_call(port, path, body, anonymous)
+                assert status == 403 and "needs a client certificate" in json.loads(raw)["Error"]
+            assert (await tls_call(port, "/healthz", b"", anonymous, "GET"))[0] == 200
+            assert (await tls_call(port, "/readyz", b"", anonymous, "GET"))[0] == 200
+            with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+                await tls_call(port, "/scheduler/filter", filt, client(str(tmp_path / "rogue.pem"),
+                                                                       str(tmp_path / "rogue.key")))
+            scheduler = client(pki["client"], pki["client_key"])
+            status, raw = await tls_call(port, "/scheduler/bind", bind, scheduler)
+            if subjects and "client" not in subjects:
+                assert status == 403 and "is not one --extender-allow-subject names" in json.loads(raw)["Error"]
+                assert not api.bindings
+            else:
+                assert (status, json.loads(raw)) == (200, {"Error": ""}) and api.bindings[-1]["target"]["name"] == "n1"
+        finally:
+            await running.stop(0)
+
+    asyncio.run(run(("kube-scheduler",)))
+    asyncio.run(run(()))
