@@ -44,7 +44,6 @@ from tests.test_controller import _cert, pki
 from tests.test_controller_http import exchange, post
 from tests.test_planner_fleet import FIXTURES, node, npu
 
-
 __all__ = ["pki"]  # the PKI fixture (a CA, server and client certificates), used by the client-certificate test
 
 
