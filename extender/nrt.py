@@ -35,7 +35,7 @@ from memtopo.cpulist import format_cpulist
 from memtopo.extender import inflight
 from memtopo.extender.ask import DEVICE_RESOURCE, PodAsk, pod_ask, shape_key
 from memtopo.extender.inflight import CLAIM_LABEL, Claims, InFlight, PodRecord, claim_label, pod_record
-from memtopo.extender.wire import MAX_EXTENDER_PRIORITY, BindArgs, ExtenderError, Verdict
+from memtopo.extender.wire import MAX_EXTENDER_PRIORITY, BindArgs, ExtenderError
 from memtopo.k8s import kubeapi
 from memtopo.k8s.admission import Alignment, PodError, PodRequest, admit, parse_pod
 from memtopo.k8s.admission import Verdict as Admission
@@ -64,7 +64,6 @@ THREAD_THRESHOLD: Final = 64
 CHANGE_LOG: Final = 1 << 16
 BOUND: Final = "spec.nodeName!="
 UNBOUND: Final = "spec.nodeName="
-_NO_CLAIMS: Claims = ()
 
 
 def _read(obj: dict[str, Any]) -> NodeTopology | Exception:
@@ -107,7 +106,8 @@ class NodeState:
         self.claims: dict[str, PodRecord] = {}
         self.changed_at = now
         self.flight: InFlight | None = None
-        self.empty: NodeTopology | None = None
+        # (the object it was made from, that object with nothing running)
+        self.empty: tuple[NodeTopology, NodeTopology] | None = None
         self.facts: dict[str, Mapping[int, zone_policies.ZoneFacts]] = {}
 
     def changed(self, now: float) -> None:
@@ -334,10 +334,6 @@ class NrtJudgement:
     def node(self, name: str) -> NodeJudgement | None:
         return self.view.judged.get(name) or self.unknown.get(name)
 
-    def verdict(self, name: str) -> Verdict | None:
-        j = self.node(name)
-        return None if j is None or j.fits else Verdict(False, j.reason, j.unresolvable)
-
 
 class NrtFleet:
     """The fleet from the API server (see the module's description). Run :meth:`run` as a task."""
@@ -536,20 +532,26 @@ class NrtFleet:
         return view
 
     def _judge_state(self, st: NodeState, flight: InFlight | None, info: PodInfo) -> NodeJudgement:
+        """One node's judgement; may run in a worker thread while the loop changes the node: what it
+        derives goes into the caches it started with (replaced whole by a change), never the new ones."""
         topo = st.topology
+        cache = st.facts
 
         def empty() -> NodeTopology:
-            if st.empty is None and topo is not None:
-                st.empty = _empty(topo)
-            assert st.empty is not None
-            return st.empty
+            assert topo is not None
+            held = st.empty
+            if held is not None and held[0] is topo:
+                return held[1]
+            found = _empty(topo)
+            st.empty = (topo, found)
+            return found
 
         def facts(resource: str | None) -> Mapping[int, zone_policies.ZoneFacts]:
             key = resource or ""
-            found = st.facts.get(key)
+            found = cache.get(key)
             if found is None:
                 assert topo is not None and flight is not None
-                found = st.facts[key] = zone_facts(topo, resource, flight.reserved)
+                found = cache[key] = zone_facts(topo, resource, flight.reserved)
             return found
 
         return judge_node(topo, st.error, flight, info, empty, facts, st.name)

@@ -3,7 +3,7 @@
 
 The algorithm is the ``k8stopologyawareschedwg/podfingerprint`` package's, version ``v001``: each pod is
 identified by its namespace and name only; its hash is XXH64(name, seed = XXH64(namespace)); the set's
-hashes are sorted, fed as little-endian 64-bit words into one XXH64 (seed 0), and the sign is
+hashes are sorted, fed as little-endian 64-bit words into one XXH64 seeded with zero, and the sign is
 ``pfp0`` + ``v001`` + the digest in hex. The same set, in any order, gives the same sign — so the
 extender can tell whether a node's object already counts the pods bound to it.
 
