@@ -294,25 +294,24 @@ _OBJECTS: dict[str, dict[str, Any]] = {}
 
 
 def _update_cost(ext: Extender, policy: str, name: str) -> float:
-    """The view's work for one changed object, on the extender's loop: reading it (the informer's
-    transform), the informer's callback, and judging that node again for the pod (what the next filter
-    does for it, and for no other node)."""
-    from memtopo.extender.nrt import PodInfo, _read
+    """What one changed object costs, on the extender's loop: reading it (the informer's transform), the
+    informer's callback, and the next call's judging of that node for the pod (and of no other node)."""
+    from memtopo.extender.nrt import PodInfo, read_object
 
     obj = _OBJECTS.get(policy)
     if obj is None:
         obj = _OBJECTS[policy] = vary(template(policy), name, random.Random(3))
     obj = {**obj, "metadata": {"name": name}}
-    info = PodInfo.of(PODS[policy])
+    pod = PODS[policy]
+    PodInfo.of(pod)  # read once per pod shape, as a ReplicaSet's pods are
     fleet = ext.fleet
 
     async def on_loop() -> float:
         t = time.perf_counter()
-        fleet._nrt_upsert(name, _read(obj))
-        st = fleet.states[name]
-        j = fleet._judge_state(st, fleet._flight(st, fleet.wall()), info)
+        fleet.nrt_changed(name, read_object(obj))
+        judged = await fleet.judge(pod, [name])
         seconds = time.perf_counter() - t
-        assert j is not None
+        assert judged.node(name) is not None
         return seconds
 
     seconds: float = ext.call(on_loop())

@@ -66,7 +66,8 @@ BOUND: Final = "spec.nodeName!="
 UNBOUND: Final = "spec.nodeName="
 
 
-def _read(obj: dict[str, Any]) -> NodeTopology | Exception:
+def read_object(obj: dict[str, Any]) -> NodeTopology | Exception:
+    """The NodeResourceTopology informer's transform: the read model, or the reason it cannot be read."""
     try:
         return read_nrt(obj)
     except NrtReadError as exc:
@@ -361,7 +362,7 @@ class NrtFleet:
         self._score_strategy = Strategy.LEAST_NUMA_NODES if strategy == MEMTOPO else Strategy(strategy)
         self._pod_node: dict[str, str] = {}
         self._claim_node: dict[str, str] = {}
-        self.nrts: Informer[NodeTopology] = Informer(api, kubeapi.nrt_path(), _read, on_upsert=self._nrt_upsert,
+        self.nrts: Informer[NodeTopology] = Informer(api, kubeapi.nrt_path(), read_object, on_upsert=self.nrt_changed,
                                                      on_delete=self._nrt_delete, clock=clock, **informer_options)
         self.pods: Informer[PodRecord] = Informer(api, kubeapi.core("pods"), pod_record, field_selector=BOUND,
                                                   on_upsert=self._pod_upsert, on_delete=self._pod_delete,
@@ -385,7 +386,8 @@ class NrtFleet:
         if st.topology is None and not st.error and not st.bound and not st.claims:
             self.states.pop(st.name, None)
 
-    def _nrt_upsert(self, key: str, value: NodeTopology | Exception) -> None:
+    def nrt_changed(self, key: str, value: NodeTopology | Exception) -> None:
+        """A node's object as the informer read it (``read_object``): the node is judged afresh."""
         st = self._state(key)
         if isinstance(value, Exception):
             st.topology, st.error = None, shorten(str(value), 300)
