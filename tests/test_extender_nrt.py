@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memtopo.backoff import Backoff
 from memtopo.cli.extender import ExtenderOptions, installer
@@ -36,6 +38,7 @@ from memtopo.k8s.kubeapi import KubeApi
 from memtopo.k8s.scoring import Strategy, extender_score
 from tests.k8s_standin import StandInApiServer
 from tests.nrt_upstream import CPU, MEMORY, nrt, pod_by_resource_list, pod_by_resource_lists, res_info, zone
+from tests.strategies import json_like
 from tests.test_controller_http import exchange, post
 from tests.test_k8s_admission import _UNIT_PREFIX, CNT_T, FILTER_NODES, FILTER_ROWS, NRT_T, POD_T
 from tests.test_k8s_scoring import (
@@ -634,3 +637,49 @@ def test_wrong_typed_requests_are_error_answers(api: StandInApiServer, tmp_path:
                 answer = json.loads(text)
                 assert status == 200 and fragment in answer["Error"] and "Traceback" not in answer["Error"], answer
     run(body())
+
+
+_json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+_arg_keys = st.sampled_from(["Pod", "pod", "NodeNames", "Nodes", "items", "metadata", "name", "spec", "containers",
+                             "initContainers", "resources", "requests", "limits", "cpu", "memory",
+                             "huawei.com/Ascend910", "status", "qosClass", "annotations", "memtopo.io/policy",
+                             "PodName", "PodNamespace", "Node"])
+
+
+@settings(deadline=None, max_examples=200)
+@given(json_like(_json_scalars, _arg_keys, max_leaves=30), st.sampled_from(["filter", "prioritize", "bind"]))
+def test_any_json_to_any_verb_over_the_nrt_fleet_is_an_answer_or_an_error(args: Any, verb: str) -> None:
+    """Nodes as the informer would hold them (fed through its callback, no API server): whatever the
+    caller sends, an answer or an Error, never an internal error or a traceback."""
+    from memtopo.extender.auth import Caller
+    from memtopo.extender.nrt import NrtFleet, read_object
+    from memtopo.extender.service import Extender
+
+    async def main() -> tuple[int, Any]:
+        fleet = NrtFleet(KubeApi("http://127.0.0.1:9"))
+        for name in ("n1", "n2"):
+            fleet.nrt_changed(name, read_object(two_zones(name)))
+        fleet.nrt_changed("bad", read_object({"metadata": {"name": "bad"}}))
+        extender = Extender(fleet, auth=token_auth_static())
+        return await extender.answer(verb, json.dumps(args).encode(), Caller(token=TOKEN))
+
+    status, answer = asyncio.run(main())
+    assert status == 200
+    if isinstance(answer, dict) and answer.get("Error"):
+        assert "internal" not in answer["Error"] and "Traceback" not in answer["Error"], answer
+    elif verb == "prioritize":
+        assert isinstance(answer, list) and all(0 <= h["Score"] <= 10 for h in answer)
+    else:
+        assert verb == "filter" and answer["Error"] == ""
+
+
+_TOKEN_DIR: list[Path] = []
+
+
+def token_auth_static() -> Authenticator:
+    """An authenticator accepting TOKEN, from a file made once for the module."""
+    import tempfile
+
+    if not _TOKEN_DIR:
+        _TOKEN_DIR.append(Path(tempfile.mkdtemp(prefix="memtopo-token-")))
+    return token_auth(_TOKEN_DIR[0])
