@@ -238,16 +238,9 @@ class _Reader:
     def count(self, value: object, where: str) -> int:
         if value is None:
             self.fail(where, "missing")
-        # Most quantities are plain integers or a few sizes repeated on every node (64Gi): read those
-        # without the exact parser, which costs most of an object's reading otherwise.
-        if type(value) is int and 0 <= value <= _GO_INT_MAX:
-            return value
-        if isinstance(value, str):
-            known = _COUNTS.get(value)
-            if known is not None:
-                return known
-            if value.isascii() and value.isdigit() and len(value) <= 18:
-                return int(value)
+        fast = _fast_count(value)
+        if fast is not None:
+            return fast
         try:
             number = parse_nonnegative(value)
         except QuantityError as exc:
@@ -272,10 +265,36 @@ def _attributes(reader: _Reader, value: object, where: str, wanted: frozenset[st
     return out
 
 
+def _fast_count(value: object) -> int | None:
+    """A whole count read without the exact parser: a plain int, a string of digits, or a text read
+    before (most quantities are plain integers or a few sizes repeated on every node, 64Gi, and the
+    exact parser costs most of an object's reading otherwise); None when it needs the parser (or its
+    error message)."""
+    if type(value) is int:
+        return value if 0 <= value <= _GO_INT_MAX else None
+    if type(value) is str:
+        known = _COUNTS.get(value)
+        if known is not None:
+            return known
+        if value.isascii() and value.isdigit() and len(value) <= 18:
+            return int(value)
+    return None
+
+
 def _resources(reader: _Reader, value: object, where: str) -> tuple[ZoneResource, ...]:
     out: list[ZoneResource] = []
     seen: set[str] = set()
     for i, item in enumerate(reader.items(value, where)):
+        # The common well-formed entry first, without building the field paths of its messages.
+        if type(item) is dict:
+            name = item.get("name")
+            if type(name) is str and 0 < len(name) <= MAX_TEXT and name not in seen:
+                cap, alloc, avail = (_fast_count(item.get("capacity")), _fast_count(item.get("allocatable")),
+                                     _fast_count(item.get("available")))
+                if cap is not None and alloc is not None and avail is not None:
+                    seen.add(name)
+                    out.append(_shared(ZoneResource(sys.intern(name), cap, alloc, avail)))
+                    continue
         at = f"{where}[{i}]"
         entry = reader.mapping(item, at)
         name = reader.text(entry.get("name"), f"{at}.name")
