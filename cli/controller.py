@@ -2,7 +2,10 @@
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
                        [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F] [--http-insecure]]
-                       [--kube-api in-cluster|URL [--kube-refresh S]] [--log-level L] [--log-format json|console]
+                       [--kube-api in-cluster|URL [--kube-refresh S]] [--fleet agents|nrt [--nrt-max-age S]
+                       [--claim-ttl S] [--score STRATEGY] [--score-weight RESOURCE=N]]
+                       [--extender-client-ca F [--extender-allow-subject CN]] [--extender-token-file F]
+                       [--log-level L] [--log-format json|console]
     memtopo controller nodes [--format text|json]
     memtopo controller topology NODE [--format text|json]
     memtopo controller submit NODE PLAN.json|- [--dry-run] [--timeout S] [--format text|json]
@@ -40,6 +43,7 @@ from memtopo.planner.names import FLEET_POLICIES
 if TYPE_CHECKING:
     import grpc
 
+    from memtopo.cli.extender import ExtenderOptions
     from memtopo.k8s.kubeapi import KubeApi
     from memtopo.v1 import agent_pb2 as apb
     from memtopo.v1 import plan_pb2 as planpb
@@ -140,11 +144,36 @@ def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     p.add_argument("--http-insecure", action="store_true", default=default(False),  # type: ignore[arg-type]
                    help="serve plaintext HTTP off loopback (only behind a network that is trusted)")
     p.add_argument("--kube-api", default=default(""), metavar="in-cluster|URL",
-                   help="the Kubernetes API server the scheduler extender binds through and reads bound pods "
-                        "from: in-cluster (the pod's service account) or a URL such as kubectl proxy's "
-                        "http://127.0.0.1:8001 (default: none; bind then answers an Error)")
+                   help="the Kubernetes API server the scheduler extender reads and binds through: in-cluster "
+                        "(the pod's service account) or a URL such as kubectl proxy's http://127.0.0.1:8001 "
+                        "(default: none; bind then answers an Error)")
     p.add_argument("--kube-refresh", type=float, default=default(10.0), metavar="S",  # type: ignore[arg-type]
-                   help="seconds between reads of the bound pods' device annotations (default 10)")
+                   help="--fleet agents: seconds between reads of the bound pods' device annotations (default 10)")
+    p.add_argument("--fleet", choices=("agents", "nrt"), default=default(""),
+                   help="what the scheduler extender decides over: agents (the topologies agents stream to this "
+                        "controller; the default without --kube-api) or nrt (the API server's "
+                        "NodeResourceTopology objects and pods; the default with --kube-api)")
+    p.add_argument("--nrt-max-age", type=float, default=default(120.0), metavar="S",  # type: ignore[arg-type]
+                   help="--fleet nrt: a node whose NodeResourceTopology lags the pods bound to it for longer is "
+                        "refused (default 120)")
+    p.add_argument("--claim-ttl", type=float, default=default(30.0), metavar="S",  # type: ignore[arg-type]
+                   help="--fleet nrt: seconds a bind's claim on a node's zones holds before the pod is bound "
+                        "(default 30)")
+    p.add_argument("--score", default=default("memtopo"), metavar="STRATEGY",
+                   choices=("memtopo", "LeastAllocated", "MostAllocated", "BalancedAllocation", "LeastNUMANodes"),
+                   help="--fleet nrt: prioritize's strategy: memtopo (its policy's rank for the pods it places, "
+                        "else LeastNUMANodes; the default), LeastAllocated, MostAllocated, BalancedAllocation, "
+                        "LeastNUMANodes")
+    p.add_argument("--score-weight", action="append", default=default(None), metavar="RESOURCE=N",  # type: ignore[arg-type]
+                   help="a resource's weight for LeastAllocated and MostAllocated (repeatable; default 1)")
+    p.add_argument("--extender-client-ca", default=default(""), metavar="FILE",
+                   help="CA of the client certificates the extender's verbs accept (kube-scheduler's tlsConfig "
+                        "certFile); needs --http-tls-cert/--http-tls-key")
+    p.add_argument("--extender-allow-subject", action="append", default=default(None), metavar="CN",  # type: ignore[arg-type]
+                   help="only client certificates with this subject common name may call (repeatable)")
+    p.add_argument("--extender-token-file", default=default(""), metavar="FILE",
+                   help="a bearer token the extender's verbs accept (Authorization: Bearer …), read again "
+                        "when the file changes")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=default("info"),
                    help="events at this level and above (default info)")
     p.add_argument("--log-format", choices=LOG_FORMATS, default=default("json"),
@@ -203,16 +232,56 @@ def cmd_serve(args: argparse.Namespace) -> int:
     http_cert, http_key = getattr(args, "http_tls_cert", ""), getattr(args, "http_tls_key", "")
     if bool(http_cert) != bool(http_key):
         raise ControllerConfigError("--http-tls-cert and --http-tls-key go together")
-    http_ssl = http_ssl_context(http_cert, http_key) if http_cert else None
-    kube = _kube_api(getattr(args, "kube_api", ""))
-    refresh = float(getattr(args, "kube_refresh", 10.0))
-    if not 0.1 <= refresh <= 3600:
-        raise ControllerConfigError("--kube-refresh: 0.1 to 3600 seconds")
+    client_ca = getattr(args, "extender_client_ca", "")
+    if client_ca and not http_cert:
+        raise ControllerConfigError("--extender-client-ca needs --http-tls-cert and --http-tls-key")
+    http_ssl = http_ssl_context(http_cert, http_key, client_ca) if http_cert else None
+    options = _extender_options(args)
     configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
+    from memtopo.cli.extender import installer
+
     asyncio.run(serve_until_signalled(args.listen, creds, http=getattr(args, "http", DEFAULT_HTTP) or None,
                                       http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False)),
-                                      kube=kube, kube_refresh_s=refresh))
+                                      kube=options.kube, http_routes=(installer(options),)))
     return EXIT_OK
+
+
+def _seconds(args: argparse.Namespace, key: str, default: float, low: float, high: float) -> float:
+    from memtopo.controller.server import ControllerConfigError
+
+    value = float(getattr(args, key, default))
+    if not low <= value <= high:
+        raise ControllerConfigError(f"--{key.replace('_', '-')}: {low:g} to {high:g} seconds")
+    return value
+
+
+def _extender_options(args: argparse.Namespace) -> ExtenderOptions:
+    """The scheduler extender's settings from the command line; ControllerConfigError for a bad one."""
+    from memtopo.cli.extender import ExtenderOptions
+    from memtopo.controller.server import ControllerConfigError
+    from memtopo.extender.auth import AuthConfigError, Authenticator
+
+    kube = _kube_api(getattr(args, "kube_api", ""))
+    fleet = getattr(args, "fleet", "") or ("nrt" if kube is not None else "agents")
+    if fleet == "nrt" and kube is None:
+        raise ControllerConfigError("--fleet nrt reads the API server's NodeResourceTopologies: give --kube-api")
+    weights: dict[str, int] = {}
+    for item in getattr(args, "score_weight", None) or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.isdigit() or not 1 <= int(value) <= 1000:
+            raise ControllerConfigError(f"--score-weight {item!r}: expected RESOURCE=N with N from 1 to 1000")
+        weights[name] = int(value)
+    try:
+        auth = Authenticator(client_ca=bool(getattr(args, "extender_client_ca", "")),
+                             subjects=getattr(args, "extender_allow_subject", None) or (),
+                             token_file=getattr(args, "extender_token_file", ""))
+    except AuthConfigError as exc:
+        raise ControllerConfigError(str(exc)) from None
+    return ExtenderOptions(fleet=fleet, kube=kube, auth=auth,
+                           refresh_s=_seconds(args, "kube_refresh", 10.0, 0.1, 3600),
+                           max_age=_seconds(args, "nrt_max_age", 120.0, 1, 86400),
+                           claim_ttl=_seconds(args, "claim_ttl", 30.0, 1, 3600),
+                           score=getattr(args, "score", "memtopo"), weights=weights)
 
 
 def _kube_api(value: str) -> KubeApi | None:

@@ -70,6 +70,9 @@ class Request:
     body: bytes
     peer: str
     route: str = ""  # the path the route was registered under (the metrics label)
+    # The client certificate the TLS handshake verified (``ssl.SSLSocket.getpeercert()``'s dict), on a
+    # listener that asks for one; None otherwise.
+    peer_cert: Mapping[str, Any] | None = None
 
     def json(self) -> Any:
         """The body as JSON; HttpError(400) when it is not."""
@@ -282,6 +285,8 @@ class HttpServer:
         assert task is not None
         peer_info = writer.get_extra_info("peername")
         peer = f"{peer_info[0]}:{peer_info[1]}" if isinstance(peer_info, tuple) else str(peer_info or "")
+        cert = writer.get_extra_info("peercert")
+        peer_cert = cert if isinstance(cert, dict) and cert else None
         over = len(self._tasks) >= self._max_connections
         self._tasks.add(task)
         try:
@@ -291,7 +296,7 @@ class HttpServer:
                 await self._send(writer, busy, head=False, keep_alive=False)
                 return
             for _ in range(MAX_REQUESTS_PER_CONNECTION):
-                if not await self._one(reader, writer, peer):
+                if not await self._one(reader, writer, peer, peer_cert):
                     break
         except (_ClosedError, ConnectionError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
@@ -315,7 +320,8 @@ class HttpServer:
             raise HttpError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
                             f"the request head is over {MAX_HEAD_BYTES} bytes") from None
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> bool:
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
+                   peer_cert: Mapping[str, Any] | None = None) -> bool:
         """Serve one request; False when the connection is to be closed."""
         try:
             raw = await self._read_head(reader)
@@ -339,7 +345,7 @@ class HttpServer:
             path = unquote(parts.path) or "/"
             route, handler = self.routes.resolve(head.method, path)
             request = Request(head.method, path, parse_qs(parts.query, max_num_fields=100), head.headers, body,
-                              peer, route)
+                              peer, route, peer_cert)
             answer = await handler(request)
         except HttpError as exc:
             answer = _error_response(exc)

@@ -1,7 +1,8 @@
 """The controller's Prometheus metrics, served at ``/metrics`` on its HTTP listener.
 
 One registry per controller (never prometheus_client's global one: tests start many controllers
-in one process). Fleet sizes are read from the fleet at scrape time, so they are never stale.
+in one process); a feature put together with the controller (the scheduler extender) registers its
+own metrics on it. Fleet sizes are read from the fleet at scrape time, so they are never stale.
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ from prometheus_client.registry import Collector
 from memtopo.controller.fleet import Fleet
 
 PREFIX: Final = "memtopo_"
-# Extender verbs over thousands of nodes take milliseconds to tens of milliseconds; kube-scheduler's
-# default extender timeout is 5 s (its httpTimeout) — above that the verb has failed anyway.
-VERB_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 HTTP_BUCKETS: Final = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -57,14 +55,6 @@ class ControllerMetrics:
         self.http_duration = Histogram(PREFIX + "controller_http_request_duration_seconds",
                                        "HTTP request handling time (streams: until the stream starts)",
                                        ["route"], buckets=HTTP_BUCKETS, registry=self.registry)
-        self.extender_requests = Counter(PREFIX + "extender_requests", "Scheduler-extender calls, by verb",
-                                         ["verb"], registry=self.registry)
-        self.extender_duration = Histogram(PREFIX + "extender_request_duration_seconds",
-                                           "Scheduler-extender call latency, by verb", ["verb"],
-                                           buckets=VERB_BUCKETS, registry=self.registry)
-        self.extender_failures = Counter(PREFIX + "extender_failures",
-                                         "Scheduler-extender calls answered with Error, by verb and reason",
-                                         ["verb", "reason"], registry=self.registry)
 
     def watch(self, fleet: Fleet) -> None:
         self._fleet = fleet
@@ -73,12 +63,6 @@ class ControllerMetrics:
         label = route or "(unrouted)"
         self.http_requests.labels(label, method or "-", str(status)).inc()
         self.http_duration.labels(label).observe(seconds)
-
-    def observe_verb(self, verb: str, seconds: float, failure: str | None) -> None:
-        self.extender_requests.labels(verb).inc()
-        self.extender_duration.labels(verb).observe(seconds)
-        if failure is not None:
-            self.extender_failures.labels(verb, failure).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4

@@ -16,7 +16,7 @@ import contextlib
 import json
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,18 +40,21 @@ from memtopo.controller.fleet import (
 )
 from memtopo.grpcserve import grpc_server
 from memtopo.logs import get_logger
-from memtopo.planner.fleet import FleetNode, decide_json
+from memtopo.planner.fleet import Held, SnapshotNodes, decide_json
 from memtopo.v1 import agent_pb2 as apb
 from memtopo.v1 import plan_pb2 as planpb
-from memtopo.v1 import topology_pb2 as pb
 from memtopo.wire import field_bytes
 
 if TYPE_CHECKING:
-    # The HTTP side (prometheus_client, the extender and the planners, the Kubernetes client) is imported when a
+    # The HTTP side (prometheus_client, the planners, the Kubernetes client) is imported when a
     # controller starts, not by every command that imports this module (`memtopo --help`).
-    from memtopo.controller.http import HttpServer
+    from memtopo.controller.http import HttpServer, Routes
     from memtopo.controller.state import ControllerState
     from memtopo.k8s.kubeapi import KubeApi
+
+    # A feature's routes, put together with the controller by the command that runs it (the
+    # scheduler extender's verbs): called once, on the controller's loop, with its HTTP routes.
+    RouteInstaller = Callable[[Routes, ControllerState], None]
 
 log = get_logger(component="controller")
 
@@ -431,22 +434,21 @@ class ControllerAdminService:
 
 
     async def Place(self, request: apb.FleetPlaceRequest, context: AdminContext) -> apb.FleetPlaceResponse:  # noqa: N802
-        fleet = self._hub.fleet
+        state = self._hub.state
+        fleet = state.fleet
         # Taken on the loop, so the fleet does not change under the worker; parsing and ranking
         # thousands of topologies then runs off the loop, which keeps serving the agents' links.
         held = [(i.node_name, i.connected, fleet.topology_bytes(i.node_name)) for i in fleet.nodes()]
-        doc = await asyncio.to_thread(_place, request.policy, request.request_json, held)
+        doc = await asyncio.to_thread(_place, state.nodes, request.policy, request.request_json, held)
         error = doc.get("error")
         log.info("fleet_placed", policy=request.policy, nodes=len(held), peer=context.peer(),
                  chosen=doc.get("chosen"), error=error["code"] if error else None)
         return apb.FleetPlaceResponse(result_json=json.dumps(doc))
 
 
-def _place(policy: str, request_json: str, held: Sequence[tuple[str, bool, bytes | None]]) -> dict[str, Any]:
+def _place(nodes: SnapshotNodes, policy: str, request_json: str, held: Sequence[Held]) -> dict[str, Any]:
     try:
-        nodes = [FleetNode(name, pb.MemoryTopology.FromString(payload) if payload is not None else None, connected)
-                 for name, connected, payload in held]
-        return decide_json(policy, request_json, nodes)
+        return decide_json(policy, request_json, nodes.nodes(held, policy))
     except Exception as exc:  # an answer for the operator, a traceback for the log
         log.exception("fleet_place_failed", policy=policy)
         return {"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc} (a bug in memtopo)"}}
@@ -494,9 +496,10 @@ def _bound_address(listen: str, port: int) -> str:
 
 
 async def start_http(state: ControllerState, address: str, ssl_context: ssl.SSLContext | None = None,
-                     *, insecure: bool = False) -> HttpServer:
-    """The HTTP listener on ``address`` (host:port) with every route of controller/routes.py.
-    Plaintext only on loopback unless ``insecure`` (its bind verb changes the cluster)."""
+                     *, insecure: bool = False, installers: Sequence[RouteInstaller] = ()) -> HttpServer:
+    """The HTTP listener on ``address`` (host:port) with every route of controller/routes.py and those
+    of ``installers``. Plaintext only on loopback unless ``insecure`` (a feature's route may change the
+    cluster: the scheduler extender's bind)."""
     try:
         host, port = parse_host_port(address)
     except AddressError as exc:
@@ -509,6 +512,8 @@ async def start_http(state: ControllerState, address: str, ssl_context: ssl.SSLC
 
     table = Routes()
     install_routes(table, state)
+    for install in installers:
+        install(table, state)
     server = HttpServer(table, observer=state.metrics.observe_http)
     try:
         await server.start(host, port, ssl_context)
@@ -518,18 +523,27 @@ async def start_http(state: ControllerState, address: str, ssl_context: ssl.SSLC
     return server
 
 
-def http_ssl_context(cert: str, key: str) -> ssl.SSLContext:
-    """A server TLS context from PEM files; ControllerConfigError when they cannot be loaded."""
+def http_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """A server TLS context from PEM files; ControllerConfigError when they cannot be loaded. With
+    ``client_ca``, a client may present a certificate, which must then verify against it: the
+    request carries its subject (``Request.peer_cert``) for the routes that require one (the
+    extender's verbs), while the others (``/healthz``, the fleet page) still answer without."""
     try:
-        return tls.server_context(cert, key)
+        context = tls.server_context(cert, key)
+        if client_ca:
+            context.load_verify_locations(cafile=client_ca)
+            context.verify_mode = ssl.CERT_OPTIONAL
+        return context
     except tls.TlsError as exc:
         raise ControllerConfigError(f"HTTP {exc}") from None
+    except (OSError, ssl.SSLError) as exc:
+        raise ControllerConfigError(f"HTTP client CA {client_ca}: {exc}") from None
 
 
 async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None, *,
                            http: str | None = None, http_ssl: ssl.SSLContext | None = None,
                            http_insecure: bool = False, kube: KubeApi | None = None,
-                           kube_refresh_s: float = 10.0) -> RunningController:
+                           http_routes: Sequence[RouteInstaller] = ()) -> RunningController:
     """Serve Controller, ControllerAdmin, health and reflection on ``listen`` (host:port, port 0 =
     any, or unix:PATH). Plaintext only on loopback; elsewhere ``credentials`` (grpc.ServerCredentials)
     are required. ``http`` (host:port) also opens the HTTP listener (see ``start_http``).
@@ -543,7 +557,7 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     metrics = ControllerMetrics()
     fleet = Fleet()
     metrics.watch(fleet)
-    hub = _Hub(ControllerState(fleet, metrics, kube=kube, kube_refresh_s=kube_refresh_s))
+    hub = _Hub(ControllerState(fleet, metrics, kube=kube))
     health_servicer = health.aio.HealthServicer()
     server = grpc_server(SERVICE_NAMES, health_servicer, options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((ControllerService(hub).handler(),))
@@ -560,11 +574,13 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     http_server = None
     if http:
         try:
-            http_server = await start_http(hub.state, http, http_ssl, insecure=http_insecure)
+            http_server = await start_http(hub.state, http, http_ssl, insecure=http_insecure,
+                                           installers=http_routes)
         except ControllerConfigError:
             await server.stop(None)
             raise
     await server.start()
+    hub.state.start("controller-warm", hub.state.warm_forever())
     address = _bound_address(listen, port)
     log.info("controller_listening", address=address, tls=credentials is not None)
     return RunningController(port, hub.fleet, server, health_servicer, hub, address, http_server)
@@ -581,7 +597,7 @@ def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerC
 async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials | None, grace: float = 5.0,
                                 signals: Iterable[int] | None = None, *, http: str | None = None,
                                 http_ssl: ssl.SSLContext | None = None, http_insecure: bool = False,
-                                kube: KubeApi | None = None, kube_refresh_s: float = 10.0) -> None:
+                                kube: KubeApi | None = None, http_routes: Sequence[RouteInstaller] = ()) -> None:
     """Run until SIGTERM/SIGINT, then stop gracefully."""
     import signal
 
@@ -594,7 +610,7 @@ async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials
         loop.add_signal_handler(sig, stop.set)
     try:
         running = await start_controller(listen, credentials, http=http, http_ssl=http_ssl,
-                                         http_insecure=http_insecure, kube=kube, kube_refresh_s=kube_refresh_s)
+                                         http_insecure=http_insecure, kube=kube, http_routes=http_routes)
         try:
             await stop.wait()
         finally:

@@ -10,7 +10,9 @@ and carries the decision out through CRI ``UpdateContainerResources``. The rules
   run on the shared pool (allocatable less every exclusive set, reserved CPUs included).
 - **Which CPUs**: the scheduler extender's decision in ``memtopo.io/placement`` when it is usable:
   written for this node, naming CPUs and memory nodes that exist, as many CPUs as the pod asks, none
-  of them held by another pod or reserved. A placement with CPUs that do not exist here, for another
+  of them held by another pod or reserved. A placement decided from the node's NodeResourceTopology
+  names NUMA zones (``zones``) rather than CPUs: the CPUs are then chosen by the kubelet's rule within
+  those NUMA nodes, memory on them. A placement with CPUs that do not exist here, for another
   node, or that is not a placement at all is refused (the pod stays on the shared pool and is told
   why). One whose CPUs are taken, or of the wrong count, is a stale decision: the CPUs are chosen
   again by the kubelet's rule within the NUMA nodes it named, and the status says so. A pod without
@@ -33,7 +35,8 @@ from memtopo.k8s import cpumanager
 from memtopo.k8s.cputopo import CpuTopology
 from memtopo.text import excerpt, shorten
 
-# Written by the scheduler extender at bind (controller/extender.py): the place policy's decision.
+# Written by the scheduler extender at bind (extender/): the place policy's decision (CPUs, memory nodes),
+# or, decided from NodeResourceTopology objects, the NUMA zones and what the pod holds in each.
 PLACEMENT_ANNOTATION: Final = "memtopo.io/placement"
 # Written by the node's enforcement: what it did with the pod (JSON, see ``status_annotation``).
 STATUS_ANNOTATION: Final = "memtopo.io/enforcement"
@@ -54,8 +57,9 @@ class PlacementError(ValueError):
 @dataclass(frozen=True)
 class Placement:
     node: str
-    cpus: frozenset[int]
+    cpus: frozenset[int]  # empty: a placement of NUMA zones, CPUs chosen within them
     mems: tuple[int, ...]
+    zones: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,8 +157,15 @@ def parse_placement(raw: object) -> Placement:
     node = doc.get("node", "")
     if not isinstance(node, str):
         raise PlacementError("node is not a string")
-    cpus = _cpus(doc.get("cpus"), "cpus")
-    if not cpus:
+    zones = doc.get("zones")
+    numa: tuple[int, ...] = ()
+    if zones is not None:
+        if (not isinstance(zones, list) or len(zones) > 1024
+                or not all(isinstance(z, int) and not isinstance(z, bool) and 0 <= z < 1024 for z in zones)):
+            raise PlacementError("zones is not a list of NUMA node ids")
+        numa = tuple(sorted(set(zones)))
+    cpus = _cpus(doc.get("cpus"), "cpus") if doc.get("cpus") is not None or not numa else frozenset()
+    if not cpus and not numa:
         raise PlacementError("names no CPUs")
     memory = doc.get("memory")
     mems: frozenset[int] = frozenset()
@@ -166,7 +177,7 @@ def parse_placement(raw: object) -> Placement:
         policy = doc.get("memory_policy")
         if isinstance(policy, dict) and policy.get("nodes"):
             mems = _cpus(policy.get("nodes"), "memory_policy.nodes")
-    return Placement(node, cpus, tuple(sorted(mems)))
+    return Placement(node, cpus, tuple(sorted(mems)), numa)
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -238,6 +249,10 @@ def assign(node: NodeFacts, pod: PodView, others: Iterable[Assignment]) -> Assig
         if unknown:
             raise AssignError(f"{PLACEMENT_ANNOTATION} names CPUs {format_cpulist(unknown)} that this node "
                               f"does not have (allocatable {format_cpulist(node.allocatable)})")
+        bad_zones = set(place.zones) - set(node.topo.numa_of(node.allocatable))
+        if bad_zones:
+            raise AssignError(f"{PLACEMENT_ANNOTATION} names NUMA nodes {format_cpulist(bad_zones)} where this node "
+                              f"has no allocatable CPU")
         bad_mems = set(place.mems) - node.memory_nodes
         if bad_mems:
             raise AssignError(f"{PLACEMENT_ANNOTATION} names memory nodes {format_cpulist(bad_mems)} that this "
@@ -247,6 +262,13 @@ def assign(node: NodeFacts, pod: PodView, others: Iterable[Assignment]) -> Assig
         raise AssignError(f"asks {want} exclusive CPUs; {len(free)} can be handed out "
                           f"({len(node.allocatable)} allocatable, {len(node.reserved)} reserved, "
                           f"{held} held by {len(others)} pods)")
+    if place is not None and not place.cpus:
+        cpus = cpumanager.allocate(node.topo, free, want, numa_affinity=place.zones)
+        mems = place.mems or tuple(n for n in place.zones if n in node.memory_nodes) or _mems_of(node, cpus)
+        inside = set(node.topo.numa_of(cpus)) <= set(place.zones)
+        return Assignment(pod.uid, cpus, cpumanager.split(node.topo, cpus, shares), mems, "placement",
+                          "" if inside else f"the placement's NUMA nodes {format_cpulist(place.zones)} had too few "
+                                            f"free CPUs: chose {format_cpulist(cpus)}")
     if place is not None:
         mems = place.mems or _mems_of(node, place.cpus)
         if len(place.cpus) == want and place.cpus <= free:

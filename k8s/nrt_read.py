@@ -29,7 +29,11 @@ What is read, and how:
 - **Costs**: the zone's distances (the SLIT row) by NUMA id; entries whose name is not a NUMA zone name
   are skipped, as scheduler-plugins' ``extractCosts`` does.
 - **memtopo's zone attributes**: memory type, kernel tier, local read/write bandwidth (MB/s) and latency
-  (ns), CPU-less; other attributes are not kept.
+  (ns), CPU-less, and the accelerator groups with a device in the zone (``memtopo.io/hccs-ring``,
+  ``memtopo.io/xpu-numa-half``: groups separated by ``;``, members by ``,``); other attributes are not
+  kept.
+- **The pods fingerprint**: ``nodeTopologyPodsFingerprint`` and how its publisher chose the pods it
+  counts (``nodeTopologyPodsFingerprintMethod``; ``all`` when absent, as scheduler-plugins reads it).
 
 Bounds, so a hostile or broken object costs bounded work and memory: at most :data:`MAX_ZONES` zones
 (any type), :data:`MAX_ENTRIES` resources, costs or attributes in one list, names and values of at most
@@ -69,6 +73,9 @@ ATTR_POLICY: Final = "topologyManagerPolicy"
 ATTR_SCOPE: Final = "topologyManagerScope"
 ATTR_MAX_NUMA_NODES: Final = "topologyManagerMaxNUMANodes"
 ATTR_PODS_FINGERPRINT: Final = "nodeTopologyPodsFingerprint"
+ATTR_PODS_FINGERPRINT_METHOD: Final = "nodeTopologyPodsFingerprintMethod"
+ATTR_HCCS_RING: Final = "memtopo.io/hccs-ring"
+ATTR_XPU_HALF: Final = "memtopo.io/xpu-numa-half"
 ATTR_CPU_MANAGER: Final = "memtopo.io/cpu-manager-policy"
 ATTR_MEMORY_MANAGER: Final = "memtopo.io/memory-manager-policy"
 
@@ -99,9 +106,16 @@ _MEMORY_ATTRS: Final = {
 # Values shared between objects (see _shared): bounded, so neither churn nor hostile objects grow it.
 _SHARED_MAX: Final = 1 << 16
 _SHARED: dict[Any, Any] = {}
-_ZONE_ATTRS: Final = frozenset({*_MEMORY_ATTRS, "memtopo.io/memory-type", "memtopo.io/cpuless"})
+# Quantity texts already read as whole counts, and zone names as NUMA ids (bounded like _SHARED).
+_COUNTS: dict[str, int] = {}
+_ZONE_IDS: dict[str, int | None] = {}
+_ZONE_ATTRS: Final = frozenset({*_MEMORY_ATTRS, "memtopo.io/memory-type", "memtopo.io/cpuless", ATTR_HCCS_RING,
+                                ATTR_XPU_HALF})
 _TOP_ATTRS: Final = frozenset({ATTR_POLICY, ATTR_SCOPE, ATTR_MAX_NUMA_NODES, ATTR_PODS_FINGERPRINT,
-                               ATTR_CPU_MANAGER, ATTR_MEMORY_MANAGER})
+                               ATTR_PODS_FINGERPRINT_METHOD, ATTR_CPU_MANAGER, ATTR_MEMORY_MANAGER})
+# Accelerator groups named in one zone attribute, and members in one group: more is not a real node.
+MAX_GROUPS: Final = 16
+MAX_MEMBERS: Final = 64
 
 
 class NrtReadError(ValueError):
@@ -127,6 +141,13 @@ class MemoryFacts(NamedTuple):
     cpuless: bool | None = None
 
 
+class ZoneGroups(NamedTuple):
+    """The accelerator groups with a device in a zone, each as its member names (``NPU0``…)."""
+
+    hccs_rings: tuple[tuple[str, ...], ...] = ()
+    xpu_halves: tuple[tuple[str, ...], ...] = ()
+
+
 class Zone(NamedTuple):
     """One NUMA zone: its id, its resources, and its distances to other zones: ``cost_values[i]`` to
     NUMA id ``cost_ids[i]`` (two flat tuples, shared between objects that have the same)."""
@@ -137,6 +158,7 @@ class Zone(NamedTuple):
     cost_ids: tuple[int, ...] = ()
     cost_values: tuple[int, ...] = ()
     memory: MemoryFacts | None = None
+    groups: ZoneGroups | None = None
 
     def resource(self, name: str) -> ZoneResource | None:
         for res in self.resources:
@@ -162,6 +184,7 @@ class NodeTopology(NamedTuple):
     zones: tuple[Zone, ...]
     pods_fingerprint: str = ""
     max_numa_nodes: int = DEFAULT_MAX_NUMA_NODES
+    pods_fingerprint_method: str = "all"
 
     def alignable_zones(self) -> tuple[Zone, ...]:
         """The zones the kubelet can align to (NUMA id below 64), in the object's order."""
@@ -170,11 +193,15 @@ class NodeTopology(NamedTuple):
 
 def zone_id(name: str) -> int | None:
     """The NUMA id in a zone name as ``numanode.NameToID`` reads it, or None when it is not one."""
+    if name in _ZONE_IDS:
+        return _ZONE_IDS[name]
     match = _ZONE_NAME.fullmatch(name) if len(name) <= 64 else None
-    if match is None:
-        return None
-    value = int(match.group(1))
-    return value if 0 <= value <= _GO_INT_MAX else None
+    value = int(match.group(1)) if match is not None else None
+    found = value if value is not None and 0 <= value <= _GO_INT_MAX else None
+    if len(_ZONE_IDS) >= _SHARED_MAX:
+        _ZONE_IDS.clear()
+    _ZONE_IDS[name] = found
+    return found
 
 
 class _Reader:
@@ -211,12 +238,19 @@ class _Reader:
     def count(self, value: object, where: str) -> int:
         if value is None:
             self.fail(where, "missing")
+        fast = _fast_count(value)
+        if fast is not None:
+            return fast
         try:
             number = parse_nonnegative(value)
         except QuantityError as exc:
             self.fail(where, str(exc))
         if number.denominator != 1:
             self.fail(where, f"{excerpt(str(value))} is not a whole number")
+        if isinstance(value, str) and len(value) <= 32:
+            if len(_COUNTS) >= _SHARED_MAX:
+                _COUNTS.clear()
+            _COUNTS[value] = int(number)
         return int(number)
 
 
@@ -231,10 +265,36 @@ def _attributes(reader: _Reader, value: object, where: str, wanted: frozenset[st
     return out
 
 
+def _fast_count(value: object) -> int | None:
+    """A whole count read without the exact parser: a plain int, a string of digits, or a text read
+    before (most quantities are plain integers or a few sizes repeated on every node, 64Gi, and the
+    exact parser costs most of an object's reading otherwise); None when it needs the parser (or its
+    error message)."""
+    if type(value) is int:
+        return value if 0 <= value <= _GO_INT_MAX else None
+    if type(value) is str:
+        known = _COUNTS.get(value)
+        if known is not None:
+            return known
+        if value.isascii() and value.isdigit() and len(value) <= 18:
+            return int(value)
+    return None
+
+
 def _resources(reader: _Reader, value: object, where: str) -> tuple[ZoneResource, ...]:
     out: list[ZoneResource] = []
     seen: set[str] = set()
     for i, item in enumerate(reader.items(value, where)):
+        # The common well-formed entry first, without building the field paths of its messages.
+        if type(item) is dict:
+            name = item.get("name")
+            if type(name) is str and 0 < len(name) <= MAX_TEXT and name not in seen:
+                cap, alloc, avail = (_fast_count(item.get("capacity")), _fast_count(item.get("allocatable")),
+                                     _fast_count(item.get("available")))
+                if cap is not None and alloc is not None and avail is not None:
+                    seen.add(name)
+                    out.append(_shared(ZoneResource(sys.intern(name), cap, alloc, avail)))
+                    continue
         at = f"{where}[{i}]"
         entry = reader.mapping(item, at)
         name = reader.text(entry.get("name"), f"{at}.name")
@@ -267,6 +327,15 @@ def _costs(reader: _Reader, value: object, where: str) -> tuple[tuple[int, ...],
     ids: list[int] = []
     values: list[int] = []
     for i, item in enumerate(reader.items(value, where)):
+        # The common well-formed entry first, without building the field paths of its messages.
+        if type(item) is dict:
+            name, cost = item.get("name"), item.get("value")
+            if type(name) is str and len(name) <= MAX_TEXT and type(cost) is int and 0 <= cost <= _GO_INT_MAX:
+                numa = zone_id(name)
+                if numa is not None and numa <= MAX_NUMA_ID:
+                    ids.append(numa)
+                    values.append(cost)
+                continue
         entry = reader.mapping(item, f"{where}[{i}]")
         numa = zone_id(reader.text(entry.get("name"), f"{where}[{i}].name"))
         cost = entry.get("value")
@@ -298,6 +367,27 @@ def _memory_facts(reader: _Reader, attrs: Mapping[str, str], where: str) -> Memo
     return _shared(MemoryFacts(**found)) if found else None
 
 
+def _group_list(reader: _Reader, text: str | None, where: str) -> tuple[tuple[str, ...], ...]:
+    if not text:
+        return ()
+    groups = [g for g in text.split(";") if g]
+    if len(groups) > MAX_GROUPS:
+        reader.fail(where, f"{len(groups)} groups, more than the {MAX_GROUPS} memtopo reads")
+    out = []
+    for g in groups:
+        members = tuple(sys.intern(m) for m in g.split(",") if m)
+        if len(members) > MAX_MEMBERS:
+            reader.fail(where, f"a group of {len(members)} members, more than the {MAX_MEMBERS} memtopo reads")
+        out.append(members)
+    return tuple(out)
+
+
+def _zone_groups(reader: _Reader, attrs: Mapping[str, str], where: str) -> ZoneGroups | None:
+    rings = _group_list(reader, attrs.get(ATTR_HCCS_RING), f"{where}: {ATTR_HCCS_RING}")
+    halves = _group_list(reader, attrs.get(ATTR_XPU_HALF), f"{where}: {ATTR_XPU_HALF}")
+    return _shared(ZoneGroups(rings, halves)) if rings or halves else None
+
+
 def _zone(reader: _Reader, item: object, where: str) -> Zone | None:
     entry = reader.mapping(item, where)
     name = reader.text(entry.get("name"), f"{where}.name")
@@ -311,7 +401,8 @@ def _zone(reader: _Reader, item: object, where: str) -> Zone | None:
     attrs = _attributes(reader, entry.get("attributes"), f"{where}.attributes", _ZONE_ATTRS)
     cost_ids, cost_values = _costs(reader, entry.get("costs"), f"{where}.costs")
     return _shared(Zone(numa, sys.intern(name), _resources(reader, entry.get("resources"), f"{where}.resources"),
-                        cost_ids, cost_values, _memory_facts(reader, attrs, f"{where}.attributes")))
+                        cost_ids, cost_values, _memory_facts(reader, attrs, f"{where}.attributes"),
+                        _zone_groups(reader, attrs, f"{where}.attributes")))
 
 
 def _choice(reader: _Reader, attrs: Mapping[str, str], name: str, allowed: Sequence[str], default: str) -> str:
@@ -368,4 +459,5 @@ def read_nrt(obj: object) -> NodeTopology:
         seen[zone.numa_id] = i
         zones.append(zone)
     return NodeTopology(name, policy, scope, cpu_policy, memory_policy, tuple(zones),
-                        attrs.get(ATTR_PODS_FINGERPRINT, ""), _max_numa_nodes(attrs))
+                        attrs.get(ATTR_PODS_FINGERPRINT, ""), _max_numa_nodes(attrs),
+                        sys.intern(attrs.get(ATTR_PODS_FINGERPRINT_METHOD, "all")))

@@ -16,12 +16,19 @@
 ``allocated`` (``{"node": [ids]}``) is what the scheduler has given out and the node does not show
 yet; ``node_names`` restricts the fleet to those nodes. A node the policy cannot use (not an Ascend
 910 / P800 node, not connected, unknown health) is listed under ``skipped`` with its reason.
+
+Every node's verdict (fits, reason, rank, whether preemption could change it) is
+``Evaluation.verdicts()``, and a fitting node's own result (devices, the device plugin's annotation,
+place's decision) ``Evaluation.pick(name)``: one table per policy, so a front end (the scheduler
+extender, ``memtopo controller place``) never looks inside the policies' decisions.
+``SnapshotNodes`` is the one road from a stored snapshot (the agent's serialized topology) to a
+``FleetNode``, deriving a node's device views once per snapshot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from memtopo.planner import hccs, place, xpu
@@ -31,6 +38,8 @@ from memtopo.planner.request import as_object, get_bool, get_int, get_int_list, 
 from memtopo.v1 import topology_pb2 as pb
 
 POLICIES: Final = FLEET_POLICIES
+# The policies that hand out devices by id (0–7) and read a DeviceView of each node.
+DEVICE_POLICIES: Final = ("hccs", "xpu")
 FLEET_KEYS: Final = ("node_names", "allocated")
 HEALTHY_NPU: Final = frozenset({"OK", "Warning"})
 
@@ -164,6 +173,30 @@ Decision = hccs.Decision | xpu.Decision | place.FleetDecision
 _MODULE: Final = {"hccs": hccs, "xpu": xpu}
 
 
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    """One node under one policy: whether it fits, why not, whether preemption (freeing busy devices)
+    could change that, and its dense rank among the fitting nodes (0 = the policy's best score, one
+    more per distinct lower score)."""
+
+    fits: bool
+    reason: str = ""
+    unresolvable: bool = False
+    level: int = 0
+
+
+@dataclass(frozen=True)
+class NodePick:
+    """A fitting node's result: the devices one pod gets (hccs, xpu: ids 0–7) with the annotation
+    their device plugin reads, or place's decision as JSON (CPUs, GPUs, memory nodes and policy)."""
+
+    policy: str
+    node: str
+    devices: tuple[int, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    placement: Mapping[str, Any] | None = None
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """Every node's verdict under one policy: ``decision`` is the policy's ranking (every node with
@@ -181,6 +214,19 @@ class Evaluation:
             raise self.error
         assert self.decision is not None
         return {**self.decision.to_json(), "skipped": [s.to_json() for s in self.skipped]}
+
+    def verdicts(self) -> dict[str, NodeVerdict]:
+        """Every evaluated node's verdict: the fitting ones with their dense rank under the policy's
+        score (0 = its best), the others with its reason; skipped nodes are unresolvable (no
+        preemption makes a node the policy cannot use fit)."""
+        out: dict[str, NodeVerdict] = {s.name: NodeVerdict(False, s.reason, True) for s in self.skipped}
+        if self.decision is not None:
+            _VERDICTS[self.policy](self.decision, out)
+        return out
+
+    def pick(self, name: str) -> NodePick | None:
+        """The node's own result (what a bind writes from); None unless it fits."""
+        return _PICKS[self.policy](self.decision, name) if self.decision is not None else None
 
 
 def evaluate(policy: str, request: Any, nodes: Sequence[FleetNode]) -> Evaluation:
@@ -266,6 +312,153 @@ def _views(policy: str, usable: Sequence[FleetNode], skipped: list[Skipped]) -> 
         else:
             out.append((node, view))
     return out
+
+
+# ---- verdicts and picks, one table per policy ---------------------------------------------------------
+def _levels(out: dict[str, NodeVerdict], fitting: Iterable[tuple[Any, str]]) -> None:
+    """Fitting nodes in the policy's order (best first) → verdicts with their dense rank (one shared
+    verdict object per rank: a 5,000-node answer builds a handful, not 5,000)."""
+    level, previous = -1, object()
+    verdict = NodeVerdict(True)
+    for key, name in fitting:
+        if key != previous:
+            level, previous = level + 1, key
+            verdict = NodeVerdict(True, level=level)
+        out[name] = verdict
+
+
+class _Failures:
+    """Nodes that fail alike share one verdict."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, bool], NodeVerdict] = {}
+
+    def __call__(self, reason: str, unresolvable: bool) -> NodeVerdict:
+        v = self._seen.get((reason, unresolvable))
+        if v is None:
+            v = self._seen[(reason, unresolvable)] = NodeVerdict(False, reason, unresolvable)
+        return v
+
+
+def _hccs_verdicts(d: Any, out: dict[str, NodeVerdict]) -> None:
+    assert isinstance(d, hccs.Decision)
+    fail = _Failures()
+    # Fewer healthy NPUs than the pod asks is for good; busy ones preemption may free.
+    for node, fit in zip(d.ranked, d.fits, strict=True):
+        if fit.score is None:
+            out[node.name] = fail(fit.reason or "", node.capacity < d.per_pod)
+    _levels(out, ((fit.score, node.name) for node, fit in zip(d.ranked, d.fits, strict=True) if fit.score is not None))
+
+
+def _xpu_verdicts(d: Any, out: dict[str, NodeVerdict]) -> None:
+    assert isinstance(d, xpu.Decision)
+    fail = _Failures()
+    # Every XPU of a P800 node is usable once freed: a node that does not fit now is resolvable.
+    for xnode, outcome in zip(d.ranked, d.outcomes, strict=True):
+        if not outcome.devices:
+            out[xnode.name] = fail(outcome.reason or "", False)
+    _levels(out, (((outcome.score, xnode.occupancy.bit_count()), xnode.name)
+                  for xnode, outcome in zip(d.ranked, d.outcomes, strict=True) if outcome.devices))
+
+
+def _place_verdicts(d: Any, out: dict[str, NodeVerdict]) -> None:
+    assert isinstance(d, place.FleetDecision)
+    fail = _Failures()
+    # place weighs the node's topology as a whole, not what runs on it: no preemption helps.
+    for r in d.rejected:
+        out[r.node] = fail(f"{r.constraint}: {r.reason}", True)
+    # The score place prints (rounded to 6 digits) is the one its order is read by.
+    _levels(out, ((round(p.intra_node_fitness, 6), p.node) for p in d.ranked))
+
+
+def _hccs_pick(d: Any, name: str) -> NodePick | None:
+    assert isinstance(d, hccs.Decision)
+    for node, fit in zip(d.ranked, d.fits, strict=True):
+        if node.name == name and fit.fits:
+            result = hccs.NodeResult(node, fit, d.per_pod)
+            return NodePick("hccs", name, result.npus, {hccs.ANNOTATION_KEY: result.annotation})
+    return None
+
+
+def _xpu_pick(d: Any, name: str) -> NodePick | None:
+    assert isinstance(d, xpu.Decision)
+    for node, outcome in zip(d.ranked, d.outcomes, strict=True):
+        if node.name == name and outcome.devices:
+            return NodePick("xpu", name, outcome.devices,
+                            {xpu.ANNOTATION_KEY: ",".join(map(str, outcome.devices))})
+    return None
+
+
+def _place_pick(d: Any, name: str) -> NodePick | None:
+    assert isinstance(d, place.FleetDecision)
+    chosen = next((p for p in d.ranked if p.node == name), None)
+    return NodePick("place", name, placement=chosen.to_json()) if chosen is not None else None
+
+
+_VERDICTS: Final[Mapping[str, Callable[[Any, dict[str, NodeVerdict]], None]]] = {
+    "hccs": _hccs_verdicts, "xpu": _xpu_verdicts, "place": _place_verdicts}
+_PICKS: Final[Mapping[str, Callable[[Any, str], NodePick | None]]] = {
+    "hccs": _hccs_pick, "xpu": _xpu_pick, "place": _place_pick}
+
+
+# ---- stored snapshots → FleetNodes ---------------------------------------------------------------------
+# (node, link up, the serialized MemoryTopology or None before the first) as a controller holds it.
+Held = tuple[str, bool, bytes | None]
+
+
+class SnapshotNodes:
+    """Stored snapshots → ``FleetNode``s, for every front end alike (the Place RPC, the scheduler
+    extender). A device policy's view of a node (``device_view``) is derived once per snapshot: the
+    cache is keyed by the snapshot's bytes object, which a new snapshot replaces. place reads the
+    whole topology, parsed per call (a parsed topology is several times its wire size, too much to
+    keep for every node of a large fleet). Safe to use from worker threads: an entry is replaced
+    whole, so two threads deriving one node at once only do the work twice."""
+
+    def __init__(self) -> None:
+        # node → (snapshot bytes, link up, its FleetNode carrying the views: policy → DeviceView or
+        # the reason the node cannot serve it, filled per policy on first use).
+        self._entries: dict[str, tuple[bytes, bool, FleetNode, dict[str, DeviceView | str]]] = {}
+
+    def node(self, name: str, connected: bool, payload: bytes | None, policy: str) -> FleetNode:
+        if payload is None:
+            return FleetNode(name, None, connected)
+        if policy not in DEVICE_POLICIES:
+            return FleetNode(name, pb.MemoryTopology.FromString(payload), connected)
+        entry = self._entries.get(name)
+        if entry is not None and entry[0] is payload and entry[1] == connected and policy in entry[3]:
+            return entry[2]
+        return self._derive(name, connected, payload, (policy,))
+
+    def nodes(self, held: Iterable[Held], policy: str) -> list[FleetNode]:
+        return [self.node(name, connected, payload, policy) for name, connected, payload in held]
+
+    def warm(self, held: Iterable[Held]) -> None:
+        """Derive every device view of these nodes now (a background task calls this as snapshots
+        arrive, so the first decision after a start does not pay for thousands of them)."""
+        for name, connected, payload in held:
+            if payload is not None:
+                self._derive(name, connected, payload, DEVICE_POLICIES)
+
+    def views(self, name: str) -> Mapping[str, DeviceView | str]:
+        """The device views derived so far for ``name`` (empty when none)."""
+        entry = self._entries.get(name)
+        return dict(entry[3]) if entry is not None else {}
+
+    def forget(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._entries.pop(name, None)
+
+    def _derive(self, name: str, connected: bool, payload: bytes, policies: Sequence[str]) -> FleetNode:
+        entry = self._entries.get(name)
+        if entry is None or entry[0] is not payload or entry[1] != connected:
+            views: dict[str, DeviceView | str] = dict(entry[3]) if entry is not None and entry[0] is payload else {}
+            entry = self._entries[name] = (payload, connected, FleetNode(name, None, connected, views), views)
+        missing = [p for p in policies if p not in entry[3]]
+        if missing:
+            topo = pb.MemoryTopology.FromString(payload)
+            for p in missing:
+                entry[3][p] = device_view(p, topo)
+        return entry[2]
 
 
 def decide(policy: str, request: Any, nodes: Sequence[FleetNode]) -> dict[str, Any]:

@@ -210,6 +210,20 @@ def _check_pod(per_pod: int) -> None:
 # --- classification -------------------------------------------------------------------------
 
 
+def ring_group(per_pod: int, free: int) -> int | None:
+    """The priority group index (0 = A) a ring with ``free`` NPUs falls into for a pod of ``per_pod``
+    (1, 2 or 4) taken from that ring; None when the ring cannot hold it under the rule."""
+    sizes = _PRIORITY.get(per_pod, ())
+    return sizes.index(free) if free in sizes else None
+
+
+def node_score(capacity: int, group: int, available: int) -> int:
+    """The upstream master formula: capacity first, then the group (A best), then the fullest node.
+    The +(8 − available) term is binpack inside a group; it is ≤ 7 so it never crosses a group
+    boundary (8 points apart), and a capacity step is 32 points, so capacity 8 always wins first."""
+    return 8 * (capacity * RING_NPUS - group) + (NODE_NPUS - available)
+
+
 def _classify(per_pod: int, left: int, right: int) -> tuple[int, int | None] | None:
     """(group index, ring) for a pod of ``per_pod`` NPUs on a node with these free ring counts."""
     if per_pod == NODE_NPUS:
@@ -250,9 +264,7 @@ def _fit(per_pod: int, mask: int, capacity: int) -> Fit:
     if found is None:
         return Fit(left, right, None, None, None, _reason(per_pod, left, right))
     g, ring = found
-    # The +(8 − available) term is binpack inside a group; it is ≤ 7 so it never crosses a group
-    # boundary (8 points apart), and a capacity step is 32 points, so capacity 8 always wins first.
-    score = 8 * (capacity * RING_NPUS - g) + (NODE_NPUS - left - right)
+    score = node_score(capacity, g, left + right)
     return Fit(left, right, GROUPS[g], ring, score, None)
 
 

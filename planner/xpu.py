@@ -108,6 +108,11 @@ def score_for_delta(delta: int) -> int:
 # --- selection ---------------------------------------------------------------------------------
 
 
+def half_sizes(request: int) -> tuple[int, ...]:
+    """The free counts a NUMA half may have to take a task of ``request`` (1, 2 or 4) cards, best first."""
+    return _ORDER.get(request, ())
+
+
 def _fallback(request: int, free: list[int]) -> tuple[int, ...]:
     """HAMi's cross-half choice when no half can hold a task of 2 or 4 cards; () if none."""
     free_set = set(free)

@@ -10,14 +10,16 @@ HTTP (aiohttp), so the client (``memtopo.k8s.kubeapi``) is exercised unchanged:
   applying removed, and the result validated against the CRD's v1alpha2 schema before it is
   stored (422 Invalid otherwise). The NRT CRD marks no list as a map, so lists are atomic fields;
 - pods: ``GET`` one, ``PATCH`` (JSON merge patch only; a ``metadata.uid`` other than the pod's is
-  422 Invalid, as the immutable field is), ``POST .../binding`` (sets ``spec.nodeName``;
+  422 Invalid, as the immutable field is), ``POST .../binding`` (sets ``spec.nodeName`` and the
+  ``PodScheduled`` condition with its transition time, as the API server's binding storage does;
   409 when already bound or when ``fail_binding``), and core/v1 Events (``POST``);
 - **list and watch** of pods and NodeResourceTopologies: one resourceVersion counter for every change,
   ``limit``/``continue`` pages from a snapshot taken at the first page, ``fieldSelector`` and
   ``labelSelector`` with ``=``, ``==`` and ``!=`` terms; watches stream newline-delimited events from a
   resourceVersion (bookmarks on :meth:`StandInApiServer.bookmark`), and a version older than the last
   :meth:`StandInApiServer.compact` is 410 Gone (an HTTP status, or an ERROR event with
-  ``gone_as_event``).
+  ``gone_as_event``). As the API server's watch cache does, a watch with selectors sends ``DELETED``
+  for an object that stops matching them and ``ADDED`` for one that starts to;
 
 Faults on demand (:meth:`StandInApiServer.inject`): a status, garbage bytes, a hang, a body trickled a
 byte at a time, a connection dropped mid-answer; :meth:`StandInApiServer.drop_watches` breaks every
@@ -36,6 +38,7 @@ import copy
 import json
 import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -76,6 +79,11 @@ def _build(leaves: dict[Path, Any]) -> dict[str, Any]:
             d = d.setdefault(part, {})
         d[path[-1]] = value
     return out
+
+
+def _now() -> str:
+    """RFC 3339 to the second, as the API server writes times."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _status_doc(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -175,6 +183,7 @@ class _Change:
     resource: str
     type: str
     obj: dict[str, Any]
+    prev: dict[str, Any] | None = None  # the object before this change (None: it did not exist)
 
 
 @dataclass
@@ -303,40 +312,43 @@ class StandInApiServer:
         else:
             loop.call_soon_threadsafe(changed.set)
 
-    def _record_change(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+    def _record_change(self, resource: str, kind: str, obj: dict[str, Any],
+                       prev: dict[str, Any] | None = None) -> None:
         """Stamp ``obj`` with the next resourceVersion and remember the change for watches."""
         with self._lock:
             self._resource_version += 1
             meta = obj.setdefault("metadata", {})
             meta["resourceVersion"] = str(self._resource_version)
             meta.setdefault("uid", str(uuid.uuid4()))
-            self._history.append(_Change(self._resource_version, resource, kind, copy.deepcopy(obj)))
+            meta.setdefault("creationTimestamp", _now())
+            self._history.append(_Change(self._resource_version, resource, kind, copy.deepcopy(obj),
+                                         copy.deepcopy(prev) if prev is not None else None))
         self._notify()
 
     def put_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         """Create or replace a pod, as a write through the API would (a new resourceVersion, an event)."""
         meta = pod.setdefault("metadata", {})
         key = (meta.setdefault("namespace", "default"), meta["name"])
-        kind = "MODIFIED" if key in self.pods else "ADDED"
+        prev = self.pods.get(key)
         self.pods[key] = pod
-        self._record_change(PODS, kind, pod)
+        self._record_change(PODS, "MODIFIED" if prev is not None else "ADDED", pod, prev)
         return pod
 
     def delete_pod(self, namespace: str, name: str) -> None:
         pod = self.pods.pop((namespace, name))
-        self._record_change(PODS, "DELETED", pod)
+        self._record_change(PODS, "DELETED", pod, pod)
 
     def put_nrt(self, obj: dict[str, Any]) -> dict[str, Any]:
         name = obj["metadata"]["name"]
-        kind = "MODIFIED" if name in self.objects else "ADDED"
+        prev = self.objects.get(name)
         self.objects[name] = obj
-        self._record_change(NRTS, kind, obj)
+        self._record_change(NRTS, "MODIFIED" if prev is not None else "ADDED", obj, prev)
         self.stored.set()
         return obj
 
     def delete_nrt(self, name: str) -> None:
         obj = self.objects.pop(name)
-        self._record_change(NRTS, "DELETED", obj)
+        self._record_change(NRTS, "DELETED", obj, obj)
 
     @property
     def resource_version(self) -> int:
@@ -552,8 +564,9 @@ class StandInApiServer:
             # metadata.uid is immutable: a patch carrying another pod's uid is its precondition failing.
             return _status(422, "Invalid", f'Pod "{key[1]}" is invalid: metadata.uid: Invalid value: '
                                            f'"{uid}": field is immutable')
+        prev = copy.deepcopy(pod)
         _merge(pod, patch)
-        self._record_change(PODS, "MODIFIED", pod)
+        self._record_change(PODS, "MODIFIED", pod, prev)
         return web.json_response(pod)
 
     async def _bind_pod(self, request: web.Request) -> web.Response:
@@ -573,8 +586,13 @@ class StandInApiServer:
                                             f"pod {key[1]} is already assigned to node "
                                             f'"{pod["spec"].get("nodeName", "")}"')
         self.bindings.append(binding)
+        prev = copy.deepcopy(pod)
         pod["spec"]["nodeName"] = binding["target"]["name"]
-        self._record_change(PODS, "MODIFIED", pod)
+        status = pod.setdefault("status", {})
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True",
+                                              "lastTransitionTime": _now()}]
+        self._record_change(PODS, "MODIFIED", pod, prev)
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201},
                                  status=201)
 
@@ -656,8 +674,12 @@ class StandInApiServer:
                     changes = [c for c in self._history if c.version > since and c.resource == resource]
                 for change in changes:
                     since = change.version
-                    if _matches(change.obj, fs, ls):
-                        line = json.dumps({"type": change.type, "object": change.obj}).encode() + b"\n"
+                    now_in = change.type != "DELETED" and _matches(change.obj, fs, ls)
+                    was_in = change.prev is not None and _matches(change.prev, fs, ls)
+                    kind = (change.type if now_in == was_in or change.type == "DELETED" else
+                            "ADDED" if now_in else "DELETED")
+                    if now_in or was_in:
+                        line = json.dumps({"type": kind, "object": change.obj}).encode() + b"\n"
                         await response.write(line)
                 if self._bookmarks != bookmarks:
                     bookmarks = self._bookmarks

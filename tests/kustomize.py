@@ -16,7 +16,7 @@ BASE = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 ENFORCE = BASE / "enforce"
 K8S_VERSION = "1.37.0"
 # What the builder implements; a kustomization using anything else must fail here, not build wrongly.
-_KNOWN = {"apiVersion", "kind", "resources", "configMapGenerator", "patches"}
+_KNOWN = {"apiVersion", "kind", "resources", "configMapGenerator", "patches", "components"}
 # Strategic merge patch: the lists merged by key in the objects these patches touch (every other list
 # in a patch fails the builder rather than being merged wrongly).
 _MERGE_KEYS = {"containers": "name", "volumes": "name", "volumeMounts": "mountPath", "env": "name"}
@@ -57,16 +57,19 @@ def strategic_merge(target: Any, patch: Any, field: str = "") -> Any:
 
 
 def build(base: Path, components: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
-    """The objects `kustomize build` makes of ``base`` with ``components``, for the features they use."""
+    """The objects `kustomize build` makes of ``base`` with ``components`` (after those it names), for the
+    features they use: resources (files, or directories holding a kustomization), ConfigMap generators,
+    components of resources, generators that replace and strategic-merge patches."""
     k = yaml.safe_load((base / "kustomization.yaml").read_text())
     assert set(k) <= _KNOWN - {"patches"}, f"kustomization uses {set(k) - _KNOWN}: extend the builder"
     objs: list[dict[str, Any]] = []
     for res in k.get("resources", []):
-        objs += [d for d in yaml.safe_load_all((base / res).read_text()) if d]
+        path = base / res
+        objs += build(path) if path.is_dir() else [d for d in yaml.safe_load_all(path.read_text()) if d]
     objs += [_generated(base, gen) for gen in k.get("configMapGenerator", [])]
-    for comp in components:
+    for comp in (*(base / c for c in k.get("components", [])), *components):
         c = yaml.safe_load((comp / "kustomization.yaml").read_text())
-        assert c["kind"] == "Component" and set(c) <= _KNOWN, f"component uses {set(c) - _KNOWN}"
+        assert c["kind"] == "Component" and set(c) <= _KNOWN - {"components"}, f"component uses {set(c) - _KNOWN}"
         for res in c.get("resources", []):
             objs += [d for d in yaml.safe_load_all((comp / res).read_text()) if d]
         for gen in c.get("configMapGenerator", []):

@@ -1,7 +1,7 @@
 """The house's floors, read from the code's own imports: data flows host → discovery → topology →
 planner → plan → apply, the ground floor (``memtopo`` itself: the schema, host reading, shared value
-types) imports nothing above it, agent and controller never import each other, and only ``cli``
-stands on everything. Beside the floors, four rules the imports alone do not show:
+types) imports nothing above it, agent and controller never import each other, nor controller and
+extender, and only ``cli`` stands on everything. Beside the floors, four rules the imports alone do not show:
 
 - no import loop, not even through an import inside a function (a lazy import only hides the loop
   until the first call);
@@ -38,7 +38,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "k8s": frozenset(),
     "agent": frozenset({"discovery", "apply", "k8s"}),
     "controller": frozenset({"planner", "draw", "k8s"}),
-    "cli": frozenset({"discovery", "planner", "apply", "draw", "k8s", "agent", "controller"}),
+    "extender": frozenset({"planner", "k8s"}),
+    "cli": frozenset({"discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "extender"}),
 }
 
 # ---- KNOWN VIOLATIONS ------------------------------------------------------------------------------

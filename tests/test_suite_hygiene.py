@@ -19,7 +19,7 @@ TESTS = sorted(p for p in (REPO / "tests").rglob("*.py") if (REPO / "tests" / "f
 # Test modules by room: tests/<floor>/ for each floor of the package (the README's Layout), plus
 # tests/deploy/ (systemd unit, Kubernetes manifests). At the top of tests/: the tests of the
 # repository as a whole, and the helpers that several rooms share.
-ROOMS = ("ground", "discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "cli", "deploy")
+ROOMS = ("ground", "discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "extender", "cli", "deploy")
 HOUSE_TESTS = ("test_layering.py", "test_suite_hygiene.py", "test_tools_scripts.py", "test_synth_fixtures.py")
 # `assert <clock>() - t0 < X`: an upper bound on elapsed time, which a loaded machine misses.
 ELAPSED_UPPER_BOUND = re.compile(r"assert\b.*\b(perf_counter|monotonic|time)\(\)\s*-\s*\w+\s*<")

@@ -17,7 +17,7 @@ BENCHES=(
   "apply|bench/apply.py --repeat 10"
   "cli|bench/cli.py --repeat 5"
   "discovery|bench/discovery.py --repeat 5"
-  "extender|bench/extender.py --iterations 10 --place-iterations 1"
+  "extender|bench/extender.py --iterations 20 --memory-nodes 2000"
   "fleet|bench/fleet.py"
   "footprint|bench/footprint.py --idle-seconds 10"
   "hostile_clients health|bench/hostile_clients.py health --probes 100"

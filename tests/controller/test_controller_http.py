@@ -291,8 +291,8 @@ def test_the_cli_imports_none_of_the_http_side() -> None:
     from pathlib import Path
 
     code = ("import sys, memtopo.cli.main; memtopo.cli.main.build_parser(); "
-            "print(sorted(m for m in ('prometheus_client', 'urllib.request', 'memtopo.controller.extender', "
-            "'memtopo.controller.http', 'memtopo.controller.metrics') if m in sys.modules))")
+            "print(sorted(m for m in ('prometheus_client', 'urllib.request', 'memtopo.extender.service', "
+            "'memtopo.cli.extender', 'memtopo.controller.http', 'memtopo.controller.metrics') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout
     assert out.strip() == "[]"

@@ -212,4 +212,8 @@ def test_the_containerfile_installs_every_package_the_project_ships() -> None:
     for pattern in include:
         pkg = pattern.rstrip("*")
         assert f"COPY {pkg} ./{pkg}" in text, pkg
+    # Every floor memtopo/ links to is a folder of its own: the image needs each (a link to a folder the
+    # image lacks installs a package without its code).
+    for link in sorted(p for p in (BASE.parents[1] / "memtopo").iterdir() if p.is_symlink()):
+        assert f"COPY {link.name} ./{link.name}" in text, link.name
     assert "'.[k8s" in text

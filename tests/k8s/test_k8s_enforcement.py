@@ -174,7 +174,7 @@ def test_status_annotation_is_compact_json() -> None:
 
 
 def test_the_extenders_placement_json_is_read() -> None:
-    """What controller/extender.py writes at bind (the place policy's decision as JSON) is a placement."""
+    """What the extender (extender/agents.py) writes at bind (the place policy's decision as JSON) is a placement."""
     from memtopo.planner import place
 
     decision = place.PlaceDecision(

@@ -25,35 +25,22 @@ from memtopo.k8s.scoring import (
     score,
 )
 from tests.nrt_upstream import CPU, GPU, MEMORY, nrt, pod_by_resource_list, pod_by_resource_lists, res_info, zone
+from tests.nrt_upstream_cases import (
+    PARTIAL_DATA,
+    POD1,
+    SCORE_PLUGIN,
+    SCORE_PLUGIN_LEAST_NUMA,
+    default_numa_nodes,
+    four_numa_nodes,
+)
 
 # ---- score_test.go -----------------------------------------------------------------------------------
 
 
-def default_numa_nodes(policy: str) -> dict[str, dict[str, Any]]:
-    """``defaultNUMANodes(withPolicy(policy))``."""
-    def node(name: str, cpu: str, memory: str) -> dict[str, Any]:
-        return nrt(name, [zone("node-0", res_info(CPU, cpu, cpu), res_info(MEMORY, memory, memory)),
-                          zone("node-1", res_info(CPU, cpu, cpu), res_info(MEMORY, memory, memory))], policy)
-    return {"Node1": node("Node1", "4", "500Mi"), "Node2": node("Node2", "2", "50Mi"),
-            "Node3": node("Node3", "6", "60Mi")}
 
 
-def four_numa_nodes() -> dict[str, dict[str, Any]]:
-    """``fourNUMANodes()``: two nodes of four zones, GPUs on zones 0,1 (Node1) or 0,2 (Node2)."""
-    costs = [{"node-0": 10, "node-1": 12, "node-2": 20, "node-3": 20}, {"node-0": 12, "node-1": 10, "node-2": 20,
-                                                                         "node-3": 20},
-             {"node-0": 20, "node-1": 20, "node-2": 10, "node-3": 12}, {"node-0": 20, "node-1": 20, "node-2": 12,
-                                                                         "node-3": 10}]
-
-    def node(name: str, gpus: Sequence[str]) -> dict[str, Any]:
-        return nrt(name, [zone(f"node-{i}", res_info(CPU, "2", "2"), res_info(MEMORY, "50Mi", "50Mi"),
-                               res_info(GPU, gpus[i], gpus[i]), costs=costs[i]) for i in range(4)],
-                   "BestEffortContainerLevel")
-    return {"Node1": node("Node1", "1100"), "Node2": node("Node2", "1010")}
 
 
-# 20*1024*1024 as resource.NewQuantity(…, DecimalSI) writes it.
-POD1 = pod_by_resource_list({CPU: "2", MEMORY: str(20 * 1024 * 1024)})
 
 
 def _scores(nodes: Mapping[str, dict[str, Any] | None], pod: dict[str, Any], strategy: Strategy) -> dict[str, int]:
@@ -68,11 +55,6 @@ def find_max_score_node(scores: Mapping[str, int]) -> str:
     return name
 
 
-SCORE_PLUGIN = [
-    ("MostAllocated strategy", Strategy.MOST_ALLOCATED, ("Node2", 70)),
-    ("BalancedAllocation strategy", Strategy.BALANCED_ALLOCATION, ("Node3", 100)),
-    ("LeastAllocated strategy", Strategy.LEAST_ALLOCATED, ("Node1", 73)),
-]
 
 
 @pytest.mark.parametrize(("name", "strategy", "wanted"), SCORE_PLUGIN)
@@ -82,43 +64,10 @@ def test_node_resource_score_plugin(name: str, strategy: Strategy, wanted: tuple
     assert (node, scores[node]) == wanted
 
 
-def _lists(*pairs: tuple[str, str] | tuple[str, str, str]) -> list[dict[str, str]]:
-    return [{CPU: p[0], MEMORY: p[1], **({GPU: p[2]} if len(p) == 3 else {})} for p in pairs]
 
 
-NON_NUMA = "non-numa-resource"
 
 
-SCORE_PLUGIN_LEAST_NUMA = [
-    ("container scope, one container case 1", _lists(("2", "50Mi")), {"Node1": 94, "Node2": 94, "Node3": 94},
-     "BestEffortContainerLevel"),
-    ("container scope, one container case 2", _lists(("4", "50Mi")), {"Node1": 94, "Node2": 82, "Node3": 94},
-     "BestEffortContainerLevel"),
-    ("container scope, one container case 3", _lists(("6", "50Mi")), {"Node1": 82, "Node2": 0, "Node3": 94},
-     "BestEffortContainerLevel"),
-    ("container scope, two containers case 1", _lists(("2", "50Mi"), ("2", "50Mi")),
-     {"Node1": 94, "Node2": 94, "Node3": 94}, "BestEffortContainerLevel"),
-    ("container scope, two containers case 2", _lists(("1", "50Mi"), ("3", "50Mi")),
-     {"Node1": 94, "Node2": 82, "Node3": 94}, "BestEffortContainerLevel"),
-    ("container scope, two containers case 3", _lists(("5", "50Mi"), ("3", "50Mi")),
-     {"Node1": 82, "Node2": 0, "Node3": 94}, "BestEffortContainerLevel"),
-    ("container scope, two containers non NUMA resource", [{NON_NUMA: "1"}, {NON_NUMA: "2"}],
-     {"Node1": 100, "Node2": 100, "Node3": 100}, "BestEffortContainerLevel"),
-    ("pod scope, two containers case 1", _lists(("2", "50Mi"), ("2", "50Mi")),
-     {"Node1": 94, "Node2": 82, "Node3": 82}, "BestEffortPodLevel"),
-    ("pod scope, two containers case 2", _lists(("1", "50Mi"), ("3", "50Mi")),
-     {"Node1": 94, "Node2": 82, "Node3": 82}, "BestEffortPodLevel"),
-    ("pod scope, two containers case 3", _lists(("5", "50Mi"), ("3", "50Mi")),
-     {"Node1": 82, "Node2": 0, "Node3": 82}, "BestEffortPodLevel"),
-    ("pod scope, one containers non NUMA resource", [{NON_NUMA: "1"}], {"Node1": 100, "Node2": 100, "Node3": 100},
-     "BestEffortPodLevel"),
-    ("container scope, one container, 4 NUMA nodes, 1 gpu ", _lists(("2", "50Mi", "1")), {"Node1": 94, "Node2": 94},
-     "four"),
-    ("container scope, one container, 4 NUMA nodes, 2 gpu ", _lists(("2", "50Mi", "2")), {"Node1": 82, "Node2": 76},
-     "four"),
-    ("container scope, 2 containers, 4 NUMA nodes, 2 gpu in one container ",
-     _lists(("2", "50Mi", "2"), ("2", "50Mi")), {"Node1": 82, "Node2": 76}, "four"),
-]
 
 
 @pytest.mark.parametrize(("name", "requests", "wanted", "nodes"), SCORE_PLUGIN_LEAST_NUMA)
@@ -128,20 +77,8 @@ def test_node_resource_score_plugin_least_numa(name: str, requests: list[dict[st
     assert _scores(objects, pod_by_resource_lists(*requests), Strategy.LEAST_NUMA_NODES) == wanted
 
 
-def _only(name: str) -> Callable[[str, dict[str, Any]], dict[str, Any] | None]:
-    return lambda node, obj: obj if node == name else None
 
 
-PARTIAL_DATA = [
-    # Upstream asserts only that scoring succeeds here; every node then scores 0, as asserted.
-    ("No data at all, MostAllocated strategy", Strategy.MOST_ALLOCATED, _only(""), None),
-    ("No data at all, LeastAllocated strategy", Strategy.LEAST_ALLOCATED, _only(""), None),
-    ("No data at all, BalancedAllocation strategy", Strategy.BALANCED_ALLOCATION, _only(""), None),
-    ("One node with NRT data, MostAllocated strategy", Strategy.MOST_ALLOCATED, _only("Node1"), ("Node1", 27)),
-    ("One node with NRT data, LeastAllocated strategy", Strategy.LEAST_ALLOCATED, _only("Node1"), ("Node1", 73)),
-    ("One node with NRT data, BalancedAllocation strategy", Strategy.BALANCED_ALLOCATION, _only("Node1"),
-     ("Node1", 89)),
-]
 
 
 @pytest.mark.parametrize(("name", "strategy", "keep", "wanted"), PARTIAL_DATA)

@@ -1,49 +1,58 @@
-"""The scheduler extender's contract: request and answer JSON shaped as kube-scheduler sends and reads
-them (k8s.io/kube-scheduler/extender/v1: Go field names, capitalised; NodeNames with
-nodeCacheCapable, a NodeList without), over a real controller's HTTP listener. Topologies are the
-fixture hosts of tests/fleet_nodes.py stored in the controller's fleet directly; the API
+"""The scheduler extender's contract over the agents' fleet (``--fleet agents``): request and answer JSON
+shaped as kube-scheduler sends and reads them (k8s.io/kube-scheduler/extender/v1: Go field names,
+capitalised; NodeNames with nodeCacheCapable, a NodeList without), over a real controller's HTTP
+listener with the extender's routes put together as ``memtopo controller serve`` does. Topologies are
+the fixture hosts of tests/fleet_nodes.py stored in the controller's fleet directly; the API
 server for bind is a stand-in (tests/k8s_standin.py: pods, bindings and their list, not a Kubernetes API
 server)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from fractions import Fraction
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtopo.controller import extender as ext
+from memtopo.cli.extender import ExtenderOptions, installer
 from memtopo.controller.fleet import Hello
 from memtopo.controller.http import MAX_BODY_BYTES
 from memtopo.controller.server import RunningController, start_controller
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
+from memtopo.extender import agents, ask, ledger
+from memtopo.extender.agents import AgentsFleet
+from memtopo.extender.auth import Authenticator, Caller
+from memtopo.extender.service import Extender
+from memtopo.extender.wire import ExtenderError
 from memtopo.k8s import kubeapi
 from memtopo.k8s.kubeapi import KubeApi
 from memtopo.planner import fleet
 from memtopo.planner.errors import PlanError
 from memtopo.v1 import topology_pb2 as pb
 from tests.controller.http_client import exchange, post
-from tests.controller.pods import npu_pod, pod
+from tests.extender.pods import npu_pod, pod
 from tests.fixtures import SYNTH as FIXTURES
 from tests.fixtures import extracted
 from tests.fleet_nodes import node, npu
 from tests.k8s_standin import StandInApiServer
+from tests.pki import make_certificate, pki
+
+__all__ = ["pki"]  # the PKI fixture (a CA, server and client certificates), used by the client-certificate test
 
 
 def gh200(name: str) -> fleet.FleetNode:
     topo = discover(ProbeContext.at_root(extracted(FIXTURES / "gh200" / "root.tar.gz")))
     topo.node_name = name
     return fleet.FleetNode(name, topo)
-
-
 
 
 
@@ -78,9 +87,22 @@ def hold(running: RunningController, nodes: list[fleet.FleetNode]) -> None:
 Body = Callable[[RunningController, int], Awaitable[None]]
 
 
-def with_fleet(nodes: list[fleet.FleetNode], body: Body, **kwargs: Any) -> None:
+TOKEN = "test-token-0123456789"
+AUTH = f"Authorization: Bearer {TOKEN}\r\n"
+
+
+def token_auth(tmp: Path) -> Authenticator:
+    path = tmp / "token"
+    path.write_text(TOKEN + "\n")
+    return Authenticator(token_file=str(path))
+
+
+def with_fleet(nodes: list[fleet.FleetNode], body: Body, kube: KubeApi | None = None, refresh_s: float = 3600,
+               auth: Authenticator | None = None) -> None:
     async def main() -> None:
-        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", **kwargs)
+        options = ExtenderOptions(kube=kube, refresh_s=refresh_s, auth=auth)
+        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
+                                         http_routes=(installer(options),))
         try:
             hold(running, nodes)
             assert running.http is not None
@@ -90,10 +112,16 @@ def with_fleet(nodes: list[fleet.FleetNode], body: Body, **kwargs: Any) -> None:
     asyncio.run(main())
 
 
-async def call(port: int, verb: str, doc: Any) -> Any:
-    status, headers, raw = await exchange(port, post(f"/scheduler/{verb}", json.dumps(doc).encode()))
+async def call(port: int, verb: str, doc: Any, extra: str = AUTH) -> Any:
+    status, headers, raw = await exchange(port, post(f"/scheduler/{verb}", json.dumps(doc).encode(), extra))
     assert status == 200 and headers["content-type"] == "application/json"
     return json.loads(raw)
+
+
+def fleet_of(running: RunningController) -> AgentsFleet:
+    found = running.state.extender
+    assert isinstance(found, AgentsFleet)
+    return found
 
 
 def busy(*ids: int) -> Callable[[pb.MemoryTopology], None]:
@@ -135,7 +163,7 @@ def test_filter_with_node_names_passes_fitting_nodes_and_fails_the_rest_with_rea
         unres = answer["FailedAndUnresolvableNodes"]
         assert set(unres) == {"kunlun", "gone", "ghost"}
         assert "not an 8-NPU node" in unres["kunlun"] and "not connected" in unres["gone"]
-        assert unres["ghost"] == ext.UNKNOWN_NODE
+        assert unres["ghost"] == agents.UNKNOWN_NODE
     with_fleet(nodes, body)
 
 
@@ -260,8 +288,7 @@ def test_xpu_filter_and_prioritize_follow_the_ledger_of_handed_out_devices() -> 
 
     async def body(running: RunningController, port: int) -> None:
         p = pod(limits={"kunlunxin.com/xpu": "4"})
-        extender: ext.Extender = running.state.extender
-        extender.ledger.record("earlier-pod", ext.Allocation("x1", ext.XPU_RESOURCE, (0, 4)))
+        fleet_of(running).ledger.record("earlier-pod", ledger.Allocation("x1", ask.XPU_RESOURCE, (0, 4)))
         answer = await call(port, "filter", names_args(p, ["x1", "x2", "npu"]))
         doc = fleet.decide("xpu", {"request": 4, "allocated": {"x1": [0, 4]}}, nodes)
         assert answer["NodeNames"] == [n["name"] for n in doc["nodes"] if n["fits"]] == ["x2"]
@@ -308,7 +335,7 @@ def binding_args(name: str, uid: str, node_name: str) -> dict[str, Any]:
 
 
 def test_bind_writes_the_device_annotation_then_the_binding_and_the_ledger_holds_the_devices(
-        api: StandInApiServer) -> None:
+        api: StandInApiServer, tmp_path: Path) -> None:
     nodes = [node("910", "n1"), node("910", "n2")]
     api.pods[("default", "a")] = npu_pod(4, name="a", uid="ua")
     api.pods[("default", "b")] = npu_pod(4, name="b", uid="ub")
@@ -333,21 +360,21 @@ def test_bind_writes_the_device_annotation_then_the_binding_and_the_ledger_holds
         refused = await call(port, "bind", binding_args("c", "uc", "n1"))
         assert "no longer fits" in refused["Error"] and "nodeName" not in api.pods[("default", "c")]["spec"]
         # A refresh from the API server's bound pods gives the same ledger.
-        extender: ext.Extender = running.state.extender
-        fresh = ext.DeviceLedger()
+        extender = fleet_of(running)
+        fresh = ledger.DeviceLedger()
         reader = KubeApi(api.url)
-        fresh.replace((await reader.list(kubeapi.core("pods"), {"fieldSelector": ext.BOUND_PODS})).items, 0.0)
+        fresh.replace((await reader.list(kubeapi.core("pods"), {"fieldSelector": ledger.BOUND_PODS})).items, 0.0)
         await reader.close()
-        assert fresh.allocated(ext.NPU_RESOURCE) == extender.ledger.allocated(ext.NPU_RESOURCE) == {
+        assert fresh.allocated(ask.NPU_RESOURCE) == extender.ledger.allocated(ask.NPU_RESOURCE) == {
             "n1": frozenset(range(8))}
         # Pod a ends: after the next refresh its ring is free again.
         del api.pods[("default", "a")]
         await extender.refresh_once()
-        assert extender.ledger.allocated(ext.NPU_RESOURCE) == {"n1": frozenset(range(4, 8))}
-    with_fleet(nodes, body, kube=KubeApi(api.url), kube_refresh_s=3600)
+        assert extender.ledger.allocated(ask.NPU_RESOURCE) == {"n1": frozenset(range(4, 8))}
+    with_fleet(nodes, body, kube=KubeApi(api.url), auth=token_auth(tmp_path))
 
 
-def test_bind_errors_are_answered_with_error(api: StandInApiServer) -> None:
+def test_bind_errors_are_answered_with_error(api: StandInApiServer, tmp_path: Path) -> None:
     api.pods[("default", "a")] = npu_pod(1, name="a", uid="ua")
 
     async def body(running: RunningController, port: int) -> None:
@@ -361,12 +388,12 @@ def test_bind_errors_are_answered_with_error(api: StandInApiServer) -> None:
         api.fail_binding = True
         answer = await call(port, "bind", binding_args("a", "ua", "n1"))
         assert "already assigned" in answer["Error"]
-        extender: ext.Extender = running.state.extender
-        assert extender.ledger.allocated(ext.NPU_RESOURCE) == {}  # a failed bind hands nothing out
-    with_fleet([node("910", "n1")], body, kube=KubeApi(api.url), kube_refresh_s=3600)
+        assert fleet_of(running).ledger.allocated(ask.NPU_RESOURCE) == {}  # a failed bind hands nothing out
+    with_fleet([node("910", "n1")], body, kube=KubeApi(api.url), auth=token_auth(tmp_path))
 
 
-def test_a_slow_api_server_fails_its_own_bind_and_never_holds_up_the_next(api: StandInApiServer) -> None:
+def test_a_slow_api_server_fails_its_own_bind_and_never_holds_up_the_next(api: StandInApiServer,
+                                                                          tmp_path: Path) -> None:
     """The bind lock covers the choice of devices, not the API calls: while the API server sits on pod a's
     annotation (until the client's deadline), pod b is bound at once, to the other ring; a's devices
     go back to the ledger when its bind fails."""
@@ -375,7 +402,7 @@ def test_a_slow_api_server_fails_its_own_bind_and_never_holds_up_the_next(api: S
     api.held[("PATCH", "/api/v1/namespaces/default/pods/a")] = threading.Event()  # never released
 
     async def body(running: RunningController, port: int) -> None:
-        extender: ext.Extender = running.state.extender
+        extender = fleet_of(running)
         slow = asyncio.create_task(call(port, "bind", binding_args("a", "ua", "n1")))
         while not [r for r in api.requests if r.method == "PATCH" and r.path.endswith("/pods/a")]:
             await asyncio.sleep(0.01)
@@ -385,12 +412,12 @@ def test_a_slow_api_server_fails_its_own_bind_and_never_holds_up_the_next(api: S
             "Ascend910-4,Ascend910-5,Ascend910-6,Ascend910-7"
         answer = await asyncio.wait_for(slow, 60)
         assert answer["Error"] == ("bind: default/a → n1: annotate pod default/a: no answer within 2 s")
-        assert extender.ledger.allocated(ext.NPU_RESOURCE) == {"n1": frozenset(range(4, 8))}
+        assert extender.ledger.allocated(ask.NPU_RESOURCE) == {"n1": frozenset(range(4, 8))}
         assert "nodeName" not in api.pods[("default", "a")]["spec"]
-    with_fleet([node("910", "n1")], body, kube=KubeApi(api.url, timeout_s=2.0), kube_refresh_s=3600)
+    with_fleet([node("910", "n1")], body, kube=KubeApi(api.url, timeout_s=2.0), auth=token_auth(tmp_path))
 
 
-def test_bind_without_an_api_server_is_an_error_and_metrics_count_each_verb() -> None:
+def test_bind_without_an_api_server_is_an_error_and_metrics_count_each_verb(tmp_path: Path) -> None:
     async def body(running: RunningController, port: int) -> None:
         assert "--kube-api" in (await call(port, "bind", binding_args("a", "u", "n1")))["Error"]
         await call(port, "filter", names_args(npu_pod(1), ["n1"]))
@@ -402,7 +429,7 @@ def test_bind_without_an_api_server_is_an_error_and_metrics_count_each_verb() ->
         assert 'memtopo_extender_failures_total{reason="no_api",verb="bind"} 1.0' in text
         assert 'memtopo_extender_failures_total{reason="invalid_request",verb="filter"} 1.0' in text
         assert 'memtopo_extender_request_duration_seconds_count{verb="filter"} 2.0' in text
-    with_fleet([node("910", "n1")], body)
+    with_fleet([node("910", "n1")], body, auth=token_auth(tmp_path))
 
 
 # ---- the pod's requests --------------------------------------------------------------------------------
@@ -411,30 +438,30 @@ def test_bind_without_an_api_server_is_an_error_and_metrics_count_each_verb() ->
     ("1e3", Fraction(1000)), ("128974848", Fraction(128974848)), (".5", Fraction(1, 2)), ("+3", Fraction(3)),
 ])
 def test_quantities(text: str, value: Fraction) -> None:
-    assert ext.parse_quantity(text) == value
+    assert ask.parse_quantity(text) == value
 
 
 @pytest.mark.parametrize("text", ["-1", "1.2.3", "5 Gi", "1e999", "1e19", "9Ei", "Gi", "", "0x10", "1" * 100])
 def test_bad_quantities_are_typed_errors(text: str) -> None:
-    with pytest.raises(ext.ExtenderError):
-        ext.parse_quantity(text)
+    with pytest.raises(ExtenderError):
+        ask.parse_quantity(text)
 
 
 def test_effective_requests_take_limits_sum_containers_and_the_largest_init_container() -> None:
     p = {"spec": {"containers": [{"resources": {"requests": {"cpu": "1500m"}, "limits": {"kunlunxin.com/xpu": "1"}}},
                                  {"resources": {"requests": {"cpu": "1", "kunlunxin.com/xpu": "1"}}}],
                   "initContainers": [{"resources": {"requests": {"cpu": "4"}}}]}}
-    assert ext.pod_requests(p) == {"cpu": Fraction(4), "kunlunxin.com/xpu": Fraction(2)}
-    ask = ext.pod_ask(p)
-    assert ask.policy == "xpu" and ask.request == {"request": 2}
-    gpu = ext.pod_ask(pod(requests={"cpu": "2500m", "memory": "512Mi"}, limits={"amd.com/gpu": "2"},
+    assert ask.pod_requests(p) == {"cpu": Fraction(4), "kunlunxin.com/xpu": Fraction(2)}
+    asked = ask.pod_ask(p)
+    assert asked.policy == "xpu" and asked.request == {"request": 2}
+    gpu = ask.pod_ask(pod(requests={"cpu": "2500m", "memory": "512Mi"}, limits={"amd.com/gpu": "2"},
                           annotations={"memtopo.io/memory-policy": "interleave", "memtopo.io/allow-cxl": "true"}))
     assert gpu.policy == "place"
     assert gpu.request == {"cpus": 3, "gpus": 2, "memory_gb": 0.5,
                            "constraints": {"memory_policy": "interleave", "allow_cxl_memory": True}}
-    with pytest.raises(ext.ExtenderError, match="both"):
-        ext.pod_ask(pod(limits={"huawei.com/Ascend910": "1", "kunlunxin.com/xpu": "1"}))
-    named = ext.pod_ask(pod(limits={"huawei.com/Ascend910": "1", "kunlunxin.com/xpu": "2"},
+    with pytest.raises(ExtenderError, match="both"):
+        ask.pod_ask(pod(limits={"huawei.com/Ascend910": "1", "kunlunxin.com/xpu": "1"}))
+    named = ask.pod_ask(pod(limits={"huawei.com/Ascend910": "1", "kunlunxin.com/xpu": "2"},
                             annotations={"memtopo.io/policy": "xpu"}))
     assert named.policy == "xpu" and named.request == {"request": 2}
 
@@ -454,31 +481,32 @@ def test_any_pod_json_is_asked_or_refused_with_a_typed_error(p: Any) -> None:
     if not isinstance(p, dict):
         return
     try:
-        ask = ext.pod_ask(p)
-    except ext.ExtenderError:
+        asked = ask.pod_ask(p)
+    except ExtenderError:
         return
-    if ask.policy is not None:
+    if asked.policy is not None:
         # Whatever the pod said, the request it became is one the policy accepts or refuses as such.
         try:
-            fleet.evaluate(ask.policy, dict(ask.request), [])
+            fleet.evaluate(asked.policy, dict(asked.request), [])
         except PlanError as exc:
             assert exc.code == "invalid_request"
 
 
 def test_ledger_keeps_recent_binds_until_a_listing_shows_them_and_ignores_broken_annotations() -> None:
     now = [100.0]
-    ledger = ext.DeviceLedger(clock=lambda: now[0])
-    ledger.record("u1", ext.Allocation("n1", ext.XPU_RESOURCE, (0, 1)))
+    book = ledger.DeviceLedger(clock=lambda: now[0])
+    book.record("u1", ledger.Allocation("n1", ask.XPU_RESOURCE, (0, 1)))
     # A listing that started before the bind does not show it: the bind stays.
-    ledger.replace([], listed_at=99.0)
-    assert ledger.allocated(ext.XPU_RESOURCE) == {"n1": frozenset({0, 1})}
-    broken = {"metadata": {"uid": "u2", "annotations": {ext.ALLOCATION_ANNOTATION: "{nope"}},
+    book.replace([], listed_at=99.0)
+    assert book.allocated(ask.XPU_RESOURCE) == {"n1": frozenset({0, 1})}
+    broken = {"metadata": {"uid": "u2", "annotations": {ledger.ALLOCATION_ANNOTATION: "{nope"}},
               "spec": {"nodeName": "n2"}}
     out_of_range = {"metadata": {"uid": "u3", "annotations": {
-        ext.ALLOCATION_ANNOTATION: json.dumps({"resource": ext.XPU_RESOURCE, "ids": [9]})}}, "spec": {"nodeName": "n3"}}
+        ledger.ALLOCATION_ANNOTATION: json.dumps({"resource": ask.XPU_RESOURCE, "ids": [9]})}},
+        "spec": {"nodeName": "n3"}}
     # A listing that started after it and lacks the pod: the pod is gone.
-    ledger.replace([broken, out_of_range], listed_at=101.0)
-    assert ledger.allocated(ext.XPU_RESOURCE) == {}
+    book.replace([broken, out_of_range], listed_at=101.0)
+    assert book.allocated(ask.XPU_RESOURCE) == {}
 
 
 def test_prioritize_ranks_among_the_nodes_it_is_given_and_follows_fleet_changes() -> None:
@@ -518,7 +546,6 @@ _args = st.dictionaries(st.sampled_from(["Pod", "pod", "Nodes", "NodeNames", "no
 @given(_args, st.sampled_from(["filter", "prioritize", "bind"]))
 def test_any_json_to_any_verb_is_an_answer_or_an_error_never_a_failure(args: dict[str, Any], verb: str) -> None:
     from memtopo.controller.fleet import Fleet as ControllerFleet
-    from memtopo.controller.http import Request
     from memtopo.controller.metrics import ControllerMetrics
     from memtopo.controller.state import ControllerState
 
@@ -526,15 +553,16 @@ def test_any_json_to_any_verb_is_an_answer_or_an_error_never_a_failure(args: dic
         f = ControllerFleet()
         c = f.connect(Hello("free", "inst-free"), "stand-in-peer")
         f.snapshot(c.session, _free910())
-        extender = ext.Extender(ControllerState(f, ControllerMetrics()))
-        handler = extender._handler(verb, getattr(extender, verb))
-        resp = await handler(Request("POST", f"/scheduler/{verb}", {}, {}, json.dumps(args).encode(), "test"))
-        assert resp.status == 200
-        return json.loads(resp.body)
+        extender = Extender(AgentsFleet(ControllerState(f, ControllerMetrics())))
+        status, answer = await extender.answer(verb, json.dumps(args).encode(), Caller())
+        assert status == (403 if verb == "bind" else 200)
+        return answer
 
     answer = asyncio.run(main())
     if isinstance(answer, dict) and answer.get("Error"):
         assert "internal" not in answer["Error"], answer
+        if verb == "bind":  # no caller is authenticated here: bind writes to the cluster
+            assert "authenticates no caller" in answer["Error"]
     elif verb == "prioritize":
         assert isinstance(answer, list) and all(set(h) == {"Host", "Score"} for h in answer)
     else:
@@ -550,21 +578,132 @@ def _free910() -> pb.MemoryTopology:
 
 
 def test_device_views_are_derived_as_snapshots_arrive_not_at_the_first_filter() -> None:
+    """The controller's snapshot road (planner.fleet.SnapshotNodes, shared with the Place RPC) derives
+    each device view as the snapshot arrives; the extender's filter then finds them."""
     async def body(running: RunningController, port: int) -> None:
-        extender: ext.Extender = running.state.extender
-        assert extender._derived == {}
+        road = running.state.nodes
+        assert road.views("n1") == {}
         hold(running, [node("910", "n1"), node("p800", "x1")])
         running.state.changes.bump("n1")
         running.state.changes.bump("x1")
         for _ in range(200):
-            if {"n1", "x1"} <= extender._derived.keys() and all(len(v[3]) == 2 for v in extender._derived.values()):
+            if len(road.views("n1")) == 2 and len(road.views("x1")) == 2:
                 break
             await asyncio.sleep(0.05)
-        views = {name: cached[3] for name, cached in extender._derived.items()}
+        views = {name: road.views(name) for name in ("n1", "x1")}
         assert isinstance(views["n1"]["hccs"], fleet.DeviceView) and "not an 8-XPU node" in str(views["n1"]["xpu"])
         assert isinstance(views["x1"]["xpu"], fleet.DeviceView) and "not an 8-NPU node" in str(views["x1"]["hccs"])
         # The filter then uses them as they are (the same objects).
-        before = extender._derived["n1"][2]
+        before = road.views("n1")["hccs"]
         assert (await call(port, "filter", names_args(npu_pod(8), ["n1", "x1"])))["NodeNames"] == ["n1"]
-        assert extender._derived["n1"][2] is before
+        assert road.views("n1")["hccs"] is before
     with_fleet([], body)
+
+
+def test_bind_refuses_callers_it_cannot_authenticate(api: StandInApiServer, tmp_path: Path) -> None:
+    """bind writes to the cluster: with no way to authenticate configured it refuses everyone; with a
+    token, a caller without it or with another gets 403 and nothing is written."""
+    api.pods[("default", "a")] = npu_pod(1, name="a", uid="ua")
+
+    async def open_body(running: RunningController, port: int) -> None:
+        doc = json.dumps(binding_args("a", "ua", "n1")).encode()
+        status, _, raw = await exchange(port, post("/scheduler/bind", doc))
+        assert status == 403 and "authenticates no caller" in json.loads(raw)["Error"]
+        # Filter, which changes nothing, still answers.
+        assert (await call(port, "filter", names_args(npu_pod(1), ["n1"]), extra=""))["NodeNames"] == ["n1"]
+    with_fleet([node("910", "n1")], open_body, kube=KubeApi(api.url))
+
+    async def token_body(running: RunningController, port: int) -> None:
+        for extra in ("", "Authorization: Bearer wrong\r\n", "Authorization: Basic dXNlcjpwdw==\r\n"):
+            for verb in ("filter", "bind"):
+                doc = binding_args("a", "ua", "n1") if verb == "bind" else names_args(npu_pod(1), ["n1"])
+                status, _, raw = await exchange(port, post(f"/scheduler/{verb}", json.dumps(doc).encode(), extra))
+                assert status == 403 and json.loads(raw)["Error"], (extra, verb)
+        assert not api.bindings and "huawei.com/Ascend910" not in api.pods[("default", "a")]["metadata"]["annotations"]
+        assert await call(port, "bind", binding_args("a", "ua", "n1")) == {"Error": ""}
+        _, _, metrics = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert 'memtopo_extender_unauthenticated_total{verb="bind"} 3.0' in metrics.decode()
+    with_fleet([node("910", "n1")], token_body, kube=KubeApi(api.url), auth=token_auth(tmp_path))
+
+
+# ---- kube-scheduler's client certificate ----------------------------------------------------------------
+async def tls_call(port: int, path: str, body: bytes, context: Any, method: str = "POST") -> tuple[int, bytes]:
+    import ssl
+
+    from tests.controller.http_client import read_response
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
+    try:
+        head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        writer.write(head + body)
+        await writer.drain()
+        status, _, raw = await read_response(reader)
+        return status, raw
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
+def test_with_a_client_ca_every_verb_needs_a_certificate_it_signed(pki: dict[str, str], api: StandInApiServer,
+                                                                  tmp_path: Path) -> None:
+    """The shipped setting: HTTPS with --extender-client-ca. kube-scheduler's certificate (signed by the
+    client CA) may bind; a client without one gets 403 on every verb but still reads /healthz and /readyz
+    (the kubelet's probes have none); a certificate of another CA is refused at the handshake; with
+    --extender-allow-subject, only that common name."""
+    import ssl
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from memtopo.controller.server import http_ssl_context
+
+    api.pods[("default", "a")] = npu_pod(1, name="a", uid="ua")
+    rogue_key = ec.generate_private_key(ec.SECP256R1())
+    rogue_ca = make_certificate("rogue CA", rogue_key, None, None, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "rogue.pem").write_bytes(make_certificate("client", key, rogue_ca, rogue_key, ca=False).public_bytes(
+        serialization.Encoding.PEM))
+    (tmp_path / "rogue.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                           serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+
+    def client(cert: str | None = None, key_file: str | None = None) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=pki["ca"])
+        if cert is not None:
+            context.load_cert_chain(cert, key_file)
+        return context
+
+    async def run(subjects: tuple[str, ...]) -> None:
+        kube = KubeApi(api.url)
+        options = ExtenderOptions(kube=kube, auth=Authenticator(client_ca=True, subjects=subjects))
+        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
+                                         http_ssl=http_ssl_context(pki["server"], pki["server_key"], pki["ca"]),
+                                         http_routes=(installer(options),))
+        try:
+            hold(running, [node("910", "n1")])
+            assert running.http is not None
+            port = running.http.port
+            bind = json.dumps(binding_args("a", "ua", "n1")).encode()
+            filt = json.dumps(names_args(npu_pod(1), ["n1"])).encode()
+            anonymous = client()
+            for path, body in (("/scheduler/filter", filt), ("/scheduler/bind", bind)):
+                status, raw = await tls_call(port, path, body, anonymous)
+                assert status == 403 and "needs a client certificate" in json.loads(raw)["Error"]
+            assert (await tls_call(port, "/healthz", b"", anonymous, "GET"))[0] == 200
+            assert (await tls_call(port, "/readyz", b"", anonymous, "GET"))[0] == 200
+            with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+                await tls_call(port, "/scheduler/filter", filt, client(str(tmp_path / "rogue.pem"),
+                                                                       str(tmp_path / "rogue.key")))
+            scheduler = client(pki["client"], pki["client_key"])
+            status, raw = await tls_call(port, "/scheduler/bind", bind, scheduler)
+            if subjects and "client" not in subjects:
+                assert status == 403 and "is not one --extender-allow-subject names" in json.loads(raw)["Error"]
+                assert not api.bindings
+            else:
+                assert (status, json.loads(raw)) == (200, {"Error": ""}) and api.bindings[-1]["target"]["name"] == "n1"
+        finally:
+            await running.stop(0)
+
+    asyncio.run(run(("kube-scheduler",)))
+    asyncio.run(run(()))

@@ -22,7 +22,7 @@ import pytest
 
 from memtopo.cli.main import main as memtopo_main
 from tests.agents import Controller
-from tests.controller.pods import npu_pod, pod
+from tests.extender.pods import npu_pod, pod
 from tests.fixtures import SHARED, extracted
 
 REPO = Path(__file__).resolve().parents[2]
