@@ -38,9 +38,9 @@ _CONTAINER_LISTS: Final = ("containers", "initContainers")
 _ANNOTATIONS: Final = (enforcement.PLACEMENT_ANNOTATION,)
 
 
-def _resources(value: object) -> dict[str, Any]:
+def _resources(value: object) -> object:
     if not isinstance(value, Mapping):
-        return {}
+        return {} if value is None else value  # a wrong type stays, for pod_view to refuse
     out: dict[str, Any] = {}
     for key in ("requests", "limits"):
         amounts = value.get(key)

@@ -1,10 +1,10 @@
 """The CPU enforcement on a real containerd, fed by the API server: how soon a started container is
 pinned, how soon drift is put back, and what enforcement costs the agent in memory.
 
-A private containerd (tests/containerd.py, as the tests start it) runs the pods; the real agent runs as
+A private containerd (bench/containerd.py, as the tests start it) runs the pods; the real agent runs as
 its own process (``memtopo serve``, this host's root, ``kubernetes.enforce = true``) with its own pod
 source and reporter (agent/k8s_pods.py): an informer on the pods bound to its node, from the STAND-IN
-API server (tests/k8s_standin.py, real HTTP list/watch, here in this process's thread; no Kubernetes
+API server (bench/k8s_standin.py, real HTTP list/watch, here in this process's thread; no Kubernetes
 API server runs here), and status annotations and Events written back to it. Each round: the pod is
 bound in the stand-in (as a bind reaches the informer before the kubelet starts anything), its
 container is started through CRI, and the clock runs from StartContainer's return until the
@@ -42,12 +42,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.containerd import Containerd, cgroup_cpuset, unavailable_reason  # noqa: E402
+from bench.enforce_standins import NODE, resources  # noqa: E402
+from bench.k8s_standin import StandInApiServer  # noqa: E402
 from memtopo.cpulist import parse_cpulist  # noqa: E402
 from memtopo.k8s import cri  # noqa: E402
 from memtopo.k8s import enforcement as ef  # noqa: E402
-from tests.containerd import Containerd, cgroup_cpuset, unavailable_reason  # noqa: E402
-from tests.enforce_standins import NODE, resources  # noqa: E402
-from tests.k8s_standin import StandInApiServer  # noqa: E402
 
 RSS_RATIO_TARGET = 1.15
 

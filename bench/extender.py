@@ -1,7 +1,7 @@
 """The scheduler extender over the API server's fleet (``--fleet nrt``): speed per scheduling cycle and
 memory, against the bare JSON work of the same request and answer measured in the same run.
 
-The stand-in API server (tests/k8s_standin.py: list/watch of NodeResourceTopologies and pods; not a
+The stand-in API server (bench/k8s_standin.py: list/watch of NodeResourceTopologies and pods; not a
 Kubernetes API server) runs in a process of its own with ``--nodes`` objects. The extender runs in this
 process as ``memtopo controller serve --kube-api URL --fleet nrt`` puts it together (its own thread and
 event loop, its HTTP listener on loopback); the client is kube-scheduler's shape: one keep-alive
@@ -127,7 +127,7 @@ def vary(obj: dict[str, Any], name: str, rng: random.Random) -> dict[str, Any]:
 # ---- the stand-in in a process of its own -------------------------------------------------------------
 def serve(policy: str, nodes: int) -> None:
     """The stand-in with ``nodes`` objects; ``change I`` on stdin rewrites node I's object, then ``done``."""
-    from tests.k8s_standin import StandInApiServer
+    from bench.k8s_standin import StandInApiServer
 
     async def main() -> None:
         rng = random.Random(7)

@@ -1,6 +1,6 @@
 """An informer holding a fleet's NodeResourceTopologies: the process's RSS with 10,000 objects.
 
-The stand-in API server (tests/k8s_standin.py: list/watch of NodeResourceTopologies; not a Kubernetes
+The stand-in API server (bench/k8s_standin.py: list/watch of NodeResourceTopologies; not a Kubernetes
 API server) runs in a process of its own with ``--nodes`` objects, each the NRT memtopo builds for the
 synthesized Ascend A2 host (8 NUMA zones with CPUs, memory, NPUs, SLIT costs and memtopo's
 attributes). The informer runs in another process and lists them (500 a page), then watches while
@@ -43,10 +43,10 @@ def rss_mib() -> float:
 
 
 def _template() -> dict[str, Any]:
+    from bench.roots import extracted
     from memtopo.discovery.discover import discover
     from memtopo.discovery.source import ProbeContext
     from memtopo.k8s.nrt import build_nrt
-    from tests.fixtures import extracted
 
     topo = discover(ProbeContext.at_root(extracted(REPO / "tests" / "fixtures" / HOST / "root.tar.gz")))
     return build_nrt(topo, "template")
@@ -54,7 +54,7 @@ def _template() -> dict[str, Any]:
 
 def serve(nodes: int) -> None:
     """The stand-in with ``nodes`` objects; on stdin ``churn N`` changes N of them, then prints ``done``."""
-    from tests.k8s_standin import StandInApiServer
+    from bench.k8s_standin import StandInApiServer
 
     async def main() -> None:
         template = _template()

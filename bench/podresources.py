@@ -7,7 +7,7 @@ CPU and a memory grant (264,000 containers).
 * **client**: one ``read_pod_resources`` in a fresh process; its peak RSS growth against the answer's
   size. Target: at most 5 times the answer (parsed whole, into a grant per container, it was 22x).
 * **agent**: ``memtopo serve`` on a lab capture with ``[kubernetes]`` on, publishing to the stand-in
-  API server (tests/k8s_standin.py, not a Kubernetes API server) and polling that kubelet every 2 s,
+  API server (bench/k8s_standin.py, not a Kubernetes API server) and polling that kubelet every 2 s,
   for ``--seconds``; its VmRSS at the end and VmHWM. Target: VmHWM within half the DaemonSet's
   512 MiB memory limit.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.fixtures import LAB_CAPTURES  # noqa: E402
-from tests.k8s.test_k8s_kubelet import HUGE_LIST  # noqa: E402
+from bench.kubelet_standin import HUGE_LIST  # noqa: E402
+from bench.roots import LAB_CAPTURES  # noqa: E402
 
 CLIENT_TARGET = 5.0
 AGENT_TARGET_MIB = 256
@@ -36,7 +36,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 KUBELET = HUGE_LIST.split('server = subprocess.Popen([sys.executable, "-c", """')[1].split('""", path]')[0]
 API_SERVER = """
 import asyncio
-from tests.k8s_standin import StandInApiServer
+from bench.k8s_standin import StandInApiServer
 
 async def main():
     server = StandInApiServer()

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from tests.fixtures import HWLOC_LINUX, LAB_CAPTURES, SHARED
 
 if TYPE_CHECKING:
-    from tests.containerd import Containerd
+    from bench.containerd import Containerd
 
 # A test must not depend on the machine's speed: hypothesis' default 200 ms deadline per example and
 # its too_slow health check fail on a busy 2-core box (a parser that takes 309 ms under load is not
@@ -32,10 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def containerd() -> Iterator[Containerd]:
-    """One real containerd for the session (see tests/containerd.py). Where it cannot run (not root,
+    """One real containerd for the session (see bench/containerd.py). Where it cannot run (not root,
     not installed) its tests skip and say why; under CI (``CI=true``) as root that is a failure, since
     tools/setup.sh installs it there."""
-    from tests.containerd import Containerd, unavailable_reason
+    from bench.containerd import Containerd, unavailable_reason
 
     why = unavailable_reason()
     if why is not None:

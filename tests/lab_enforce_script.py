@@ -25,12 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from memtopo.agent.enforce import CgroupCpusets, Enforcer  # noqa: E402
-from memtopo.hostfs import HostFS  # noqa: E402
-from memtopo.k8s import cri  # noqa: E402
-from memtopo.k8s import enforcement as ef  # noqa: E402
-from tests.containerd import Containerd, cgroup_cpuset, proc_allowed, unavailable_reason  # noqa: E402
-from tests.enforce_standins import (  # noqa: E402
+from bench.containerd import Containerd, cgroup_cpuset, proc_allowed, unavailable_reason  # noqa: E402
+from bench.enforce_standins import (  # noqa: E402
     NODE,
     StandinPods,
     StandinReporter,
@@ -39,6 +35,10 @@ from tests.enforce_standins import (  # noqa: E402
     resources,
     run_pod,
 )
+from memtopo.agent.enforce import CgroupCpusets, Enforcer  # noqa: E402
+from memtopo.hostfs import HostFS  # noqa: E402
+from memtopo.k8s import cri  # noqa: E402
+from memtopo.k8s import enforcement as ef  # noqa: E402
 
 MARK = "LAB-ENFORCE-REPORT:"
 

@@ -141,7 +141,7 @@ def test_a_requested_stop_is_a_clean_exit(tmp_path: Path) -> None:
 
 
 def _enforcing_agent(tmp_path: Path, with_seams: bool) -> Agent:
-    from tests.enforce_standins import StandinPods, StandinReporter
+    from bench.enforce_standins import StandinPods, StandinReporter
 
     config = tmp_path / "agent.toml"
     config.write_text(

@@ -1,5 +1,5 @@
 """The CPU enforcement (agent/enforce.py) on a real containerd: pods come from a stand-in pod source
-and reports go to a stand-in reporter (tests/enforce_standins.py; no API server runs here); the
+and reports go to a stand-in reporter (bench/enforce_standins.py; no API server runs here); the
 containers, their cgroups and every cpuset change are real. This host has 2 CPUs and one NUMA node:
 one exclusive CPU for a pod leaves one in the shared pool."""
 
@@ -16,13 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from memtopo.agent.enforce import CgroupCpusets, Enforcer
-from memtopo.agent.metrics import EnforceMetrics
-from memtopo.hostfs import HostFS
-from memtopo.k8s import cri
-from memtopo.k8s import enforcement as ef
-from tests.containerd import Containerd, Kubelet, cgroup_cpuset, proc_allowed
-from tests.enforce_standins import (
+from bench.containerd import Containerd, Kubelet, cgroup_cpuset, proc_allowed
+from bench.enforce_standins import (
     NODE,
     StandinPods,
     StandinReporter,
@@ -31,6 +26,11 @@ from tests.enforce_standins import (
     resources,
     run_pod,
 )
+from memtopo.agent.enforce import CgroupCpusets, Enforcer
+from memtopo.agent.metrics import EnforceMetrics
+from memtopo.hostfs import HostFS
+from memtopo.k8s import cri
+from memtopo.k8s import enforcement as ef
 
 HOST_CPUS = sorted(host_node().allocatable)
 pytestmark = pytest.mark.skipif(len(HOST_CPUS) < 2, reason="needs at least 2 CPUs to share one and pin one")
@@ -355,9 +355,9 @@ async def _until(check: Any, limit_s: float = 60.0) -> Any:
 def test_the_agents_enforcer_reads_its_config(containerd: Containerd, kubelet: Kubelet, tmp_path: Path) -> None:
     """enforcer_for: the kubelet's reservedSystemCPUs from its config file, the runtime endpoint, the
     published topology (none yet = waiting)."""
+    from bench.enforce_standins import host_topology
     from memtopo.agent.config import KubernetesConfig
     from memtopo.agent.enforce import enforcer_for
-    from tests.enforce_standins import host_topology
 
     config = tmp_path / "config.yaml"
     config.write_text(f'kind: KubeletConfiguration\ncpuManagerPolicy: none\nreservedSystemCPUs: "{HOST_CPUS[0]}"\n')

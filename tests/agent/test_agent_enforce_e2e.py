@@ -1,7 +1,7 @@
 """The whole enforcement loop: the agent PROCESS (``memtopo serve``, ``[kubernetes] enforce = true``) reads
-the pods bound to its node from a STAND-IN API server (tests/k8s_standin.py: real HTTP list/watch,
+the pods bound to its node from a STAND-IN API server (bench/k8s_standin.py: real HTTP list/watch,
 merge patches, Events, server-side apply of the NRT; no Kubernetes API server can run here) through its
-own informer, pins containers of a REAL containerd (tests/containerd.py, driven through CRI as the
+own informer, pins containers of a REAL containerd (bench/containerd.py, driven through CRI as the
 kubelet drives it), and writes back to the stand-in: the pod's status annotation, an Event, and the
 NodeResourceTopology whose available CPUs leave the pinned one out. An agent restarted while the API
 server refuses to list moves nothing; deleting the pod gives its CPU back to the shared pool.
@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from bench.containerd import Containerd, Kubelet, cgroup_cpuset
+from bench.enforce_standins import host_node, resources
+from bench.k8s_standin import StandInApiServer
 from memtopo.k8s import cri
 from memtopo.k8s import enforcement as ef
 from tests.agents import Agent, wait_for
-from tests.containerd import Containerd, Kubelet, cgroup_cpuset
-from tests.enforce_standins import host_node, resources
-from tests.k8s_standin import StandInApiServer
 from tests.kustomize import ENFORCEMENT_VERBS, ENFORCING, PUBLISHER_VERBS, granted
 
 NODE = "e2e-enforce-node"

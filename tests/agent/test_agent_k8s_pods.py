@@ -1,4 +1,4 @@
-"""The enforcement's API side (agent/k8s_pods.py) against the STAND-IN API server (tests/k8s_standin.py:
+"""The enforcement's API side (agent/k8s_pods.py) against the STAND-IN API server (bench/k8s_standin.py:
 real HTTP list/watch with field selectors, merge patches, Events; not a Kubernetes API server, none can
 run here), through the real client and informer."""
 
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.k8s_standin import StandInApiServer
 from memtopo.agent.k8s_pods import ApiReporter, InformerPods, compact_pod
 from memtopo.backoff import Backoff
 from memtopo.k8s import enforcement as ef
 from memtopo.k8s.kubeapi import KubeApi, KubeApiError
-from tests.k8s_standin import StandInApiServer
 
 NODE = "enforce-node"
 WAIT = 30.0  # generous: event waits, never a speed assertion

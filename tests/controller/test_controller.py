@@ -60,7 +60,9 @@ from memtopo.v1 import topology_pb2 as pb
 from tests.controllers import Background, SimAgent, admin, answering_agent, topo
 from tests.fixtures import REPO, hwloc_root
 from tests.fleet_nodes import node, npu
+from tests.pki import pki
 
+__all__ = ["pki"]  # the PKI fixture (a CA, server and client certificates)
 P = planpb.PlanResult
 SC = grpc.StatusCode
 T = TypeVar("T")

@@ -166,10 +166,10 @@ def test_the_shipped_config_publishes_without_a_controller(tmp_path: Path) -> No
     """``kubectl apply -k deploy/kubernetes`` gives the agent the ConfigMap's agent.toml: with it (host
     paths moved under tmp_path, the stand-in API server instead of the in-cluster one, a captured
     root) the agent publishes its NodeResourceTopology with no controller address anywhere."""
+    from bench.k8s_standin import StandInApiServer
     from memtopo.agent.daemon import EXIT_OK, Agent
     from memtopo.agent.sdnotify import Notifier
     from tests.fixtures import lab_root
-    from tests.k8s_standin import StandInApiServer
 
     shipped = parse_config(one("ConfigMap", "memtopo-agent")["data"]["agent.toml"], "configmap")
     assert shipped.controller.address == "" and shipped.kubernetes.enabled

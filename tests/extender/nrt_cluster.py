@@ -1,4 +1,4 @@
-"""The extender over the API server's fleet, as its tests run it: a stand-in API server (tests/k8s_standin.py,
+"""The extender over the API server's fleet, as its tests run it: a stand-in API server (bench/k8s_standin.py,
 not a Kubernetes API server), the extender's listener started on it with a bearer token, its verbs called
 as kube-scheduler calls them, and the NodeResourceTopologies and pods the tests put there."""
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.k8s_standin import StandInApiServer
 from memtopo.backoff import Backoff
 from memtopo.cli.extender import ExtenderOptions, installer
 from memtopo.controller.server import RunningController, start_controller
@@ -21,7 +22,6 @@ from memtopo.extender.auth import Authenticator
 from memtopo.k8s import podfingerprint
 from memtopo.k8s.kubeapi import KubeApi
 from tests.controller.http_client import exchange, post
-from tests.k8s_standin import StandInApiServer
 from tests.nrt_upstream import CPU, MEMORY, nrt, pod_by_resource_list, res_info, zone
 
 TOKEN = "nrt-test-token-0123456789"

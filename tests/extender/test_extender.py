@@ -3,7 +3,7 @@ shaped as kube-scheduler sends and reads them (k8s.io/kube-scheduler/extender/v1
 capitalised; NodeNames with nodeCacheCapable, a NodeList without), over a real controller's HTTP
 listener with the extender's routes put together as ``memtopo controller serve`` does. Topologies are
 the fixture hosts of tests/fleet_nodes.py stored in the controller's fleet directly; the API
-server for bind is a stand-in (tests/k8s_standin.py: pods, bindings and their list, not a Kubernetes API
+server for bind is a stand-in (bench/k8s_standin.py: pods, bindings and their list, not a Kubernetes API
 server)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.k8s_standin import StandInApiServer
 from memtopo.cli.extender import ExtenderOptions, installer
 from memtopo.controller.fleet import Hello
 from memtopo.controller.http import MAX_BODY_BYTES
@@ -43,7 +44,6 @@ from tests.extender.pods import npu_pod, pod
 from tests.fixtures import SYNTH as FIXTURES
 from tests.fixtures import extracted
 from tests.fleet_nodes import node, npu
-from tests.k8s_standin import StandInApiServer
 from tests.pki import make_certificate, pki
 
 __all__ = ["pki"]  # the PKI fixture (a CA, server and client certificates), used by the client-certificate test
@@ -322,7 +322,7 @@ def test_a_gpu_pod_is_placed_by_the_place_policy_with_its_requests_and_annotatio
 # ---- bind ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def api() -> Iterator[StandInApiServer]:
-    """The shared stand-in API server (tests/k8s_standin.py), in a thread of its own: the controller
+    """The shared stand-in API server (bench/k8s_standin.py), in a thread of its own: the controller
     under test runs its own event loop."""
     server = StandInApiServer()
     server.start_in_thread()

@@ -2,7 +2,7 @@
 
 A controller with the extender's routes (put together as ``memtopo controller serve --kube-api URL
 --fleet nrt`` does) reads NodeResourceTopology objects and pods from a **stand-in** API server
-(tests/k8s_standin.py: real HTTP, list and watch, bindings; not a Kubernetes API server — none can run
+(bench/k8s_standin.py: real HTTP, list and watch, bindings; not a Kubernetes API server — none can run
 here). kube-scheduler's part is played by the tests: ExtenderArgs as it sends them, with NodeNames.
 
 - scheduler-plugins' own tables (``filter_test.go``, ``score_test.go``; ported at unit level in
@@ -26,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.k8s_standin import StandInApiServer
 from memtopo.extender.auth import Authenticator
 from memtopo.k8s import podfingerprint
 from memtopo.k8s.admission import TOPOLOGY_AFFINITY_ERROR, UNEXPECTED_ADMISSION_ERROR
@@ -35,6 +36,7 @@ from tests.controller.http_client import exchange, post
 from tests.extender.nrt_cluster import (
     AUTH,
     TOKEN,
+    api,
     binding,
     call,
     extender,
@@ -50,7 +52,6 @@ from tests.extender.nrt_cluster import (
     until,
     wait_ready,
 )
-from tests.k8s_standin import StandInApiServer
 from tests.nrt_upstream import CPU, MEMORY, nrt, pod_by_resource_list, pod_by_resource_lists, res_info, zone
 from tests.nrt_upstream_cases import (
     CNT_T,
@@ -67,6 +68,8 @@ from tests.nrt_upstream_cases import (
     four_numa_nodes,
 )
 from tests.strategies import json_like
+
+__all__ = ["api"]  # the stand-in API server fixture
 
 # ---- filter_test.go through the verbs ------------------------------------------------------------------
 # The two multi-container tests share a node named host0 with another scope: served under two names.

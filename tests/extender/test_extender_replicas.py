@@ -1,7 +1,7 @@
 """Two replicas of the extender (``--fleet nrt``) behind one Service, one killed mid-way: scheduling goes on
 and no NUMA zone is promised twice.
 
-Both replicas read one **stand-in** API server (tests/k8s_standin.py; not a Kubernetes API server). The
+Both replicas read one **stand-in** API server (bench/k8s_standin.py; not a Kubernetes API server). The
 test plays kube-scheduler as it drives an extender: one pod at a time through filter and prioritize,
 the best node taken, and the bind sent without waiting for it (kube-scheduler binds asynchronously and
 starts the next pod's cycle at once), a bind answered with an Error putting the pod back in the queue.
@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.k8s_standin import StandInApiServer
 from memtopo.cli.extender import ExtenderOptions, installer
 from memtopo.controller.server import RunningController, start_controller
 from memtopo.k8s.kubeapi import KubeApi
 from tests.controller.http_client import exchange, post
 from tests.extender.nrt_cluster import AUTH, FAST, api, gu_pod, placement_of, token_auth, two_zones, wait_ready
-from tests.k8s_standin import StandInApiServer
 
 __all__ = ["api"]  # the stand-in fixture
 

@@ -1,5 +1,5 @@
 """memtopo's one Kubernetes API client (``memtopo.k8s.kubeapi``) against the STAND-IN API server
-(tests/k8s_standin.py: real HTTP, list/watch/apply/bind for the resources memtopo uses; not a Kubernetes
+(bench/k8s_standin.py: real HTTP, list/watch/apply/bind for the resources memtopo uses; not a Kubernetes
 API server, none can run here) and against hostile servers written byte by byte (``raw_server``):
 trickling, lying about sizes, redirecting, answering garbage, never answering."""
 
@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.k8s_standin import StandInApiServer, raw_server, read_head
 from memtopo.k8s import kubeapi, names
 from memtopo.k8s.kubeapi import KubeApi, KubeApiError, WatchEvent, core, nrt_path
-from tests.k8s_standin import StandInApiServer, raw_server, read_head
 
 WAIT = 60.0  # generous: ends a hang, never a speed assertion
 REPO = Path(__file__).resolve().parents[2]
@@ -336,7 +336,7 @@ def test_an_answer_shaped_to_decode_to_many_times_its_size_is_refused_and_a_real
 HUGE_ANSWER = textwrap.dedent("""
     import asyncio, resource, sys
     from memtopo.k8s.kubeapi import KubeApi, KubeApiError
-    from tests.k8s_standin import raw_server, read_head
+    from bench.k8s_standin import raw_server, read_head
 
     TOTAL = 250_000_000
     ITEMS = b"1, " * 349_525  # a MiB of a list's items, sent again and again: one valid JSON document

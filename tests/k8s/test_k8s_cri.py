@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.containerd import Containerd, cgroup_cpuset, proc_allowed
 from memtopo.k8s import cri
 from memtopo.k8s.api.cri.v1 import cri_pb2 as pb
-from tests.containerd import Containerd, cgroup_cpuset, proc_allowed
 
 SERVICE = "runtime.v1.RuntimeService"
 

@@ -1,5 +1,5 @@
 """The informer (``memtopo.k8s.informer``: list, then watch from the list's version, resume, relist on
-410) against the STAND-IN API server (tests/k8s_standin.py; not a Kubernetes API server, none can run
+410) against the STAND-IN API server (bench/k8s_standin.py; not a Kubernetes API server, none can run
 here), which breaks its watches, compacts its history, answers 500s and garbage, and hangs on demand."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import structlog
 
+from bench.k8s_standin import StandInApiServer
 from memtopo.backoff import Backoff
 from memtopo.k8s import kubeapi
 from memtopo.k8s.informer import Informer, object_key
 from memtopo.k8s.kubeapi import KubeApi
-from tests.k8s_standin import StandInApiServer
 
 WAIT = 60.0  # generous: ends a hang, never a speed assertion
 FAST = Backoff(0.01, 0.05)

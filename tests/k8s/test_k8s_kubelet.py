@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -24,6 +23,8 @@ from google.protobuf import json_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.kubelet_standin import HUGE_LIST
+from bench.nrt_crd import assert_valid, res
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
 from memtopo.hostfs import HostFS
@@ -35,7 +36,6 @@ from memtopo.k8s.kubelet import facts_from_config, read_kubelet_facts
 from memtopo.k8s.nrt import build_nrt
 from memtopo.k8s.podresources import MAX_DEVICE_IDS, PodResourcesError, read_pod_resources, view_from_answers
 from tests.fixtures import extracted
-from tests.nrt_crd import assert_valid, res
 
 DATA = Path(__file__).parents[1] / "data" / "podresources"
 SYNTH = Path(__file__).parents[1] / "fixtures"
@@ -391,50 +391,6 @@ def test_too_many_device_ids_are_refused_and_the_rest_is_folded() -> None:
         view_from_answers(many, b"")
 
 
-HUGE_LIST = textwrap.dedent('''
-    import os, resource, subprocess, sys, time
-    path = sys.argv[1] + "/k.sock"
-    server = subprocess.Popen([sys.executable, "-c", """
-    import sys
-    from concurrent import futures
-    import grpc
-    from memtopo.k8s.api.podresources.v1 import podresources_pb2 as pr, podresources_pb2_grpc as pr_grpc
-    answer = pr.ListPodResourcesResponse()
-    for p in range(33000):
-        pod = answer.pod_resources.add()
-        for k in range(8):
-            c = pod.containers.add()
-            d = c.devices.add(resource_name="nvidia.com/gpu", device_ids=[f"G{(p * 8 + k) % 50000}"])
-            d.topology.nodes.add(ID=k)
-            c.cpu_ids.append(k)
-            m = c.memory.add(memory_type="memory", size=1)
-            m.topology.nodes.add(ID=k)
-    print(answer.ByteSize(), flush=True)
-    class Kubelet(pr_grpc.PodResourcesListerServicer):
-        def List(self, request, context):
-            return answer
-        def GetAllocatableResources(self, request, context):
-            return pr.AllocatableResourcesResponse(cpu_ids=range(64))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
-                         options=[("grpc.max_send_message_length", 32 << 20)])
-    pr_grpc.add_PodResourcesListerServicer_to_server(Kubelet(), server)
-    server.add_insecure_port("unix://" + sys.argv[1])
-    server.start()
-    print("ready", flush=True)
-    server.wait_for_termination()
-    """, path], stdout=subprocess.PIPE, text=True)
-    size = int(server.stdout.readline())
-    server.stdout.readline()
-    try:
-        from memtopo.k8s.podresources import read_pod_resources
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        view = read_pod_resources(path, timeout=300)
-        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
-        print(size, view.pods, len(view.assigned_devices), grown)
-    finally:
-        server.terminate()
-        server.wait()
-''')
 
 
 @settings(deadline=None, max_examples=300)

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft7Validator
 
+from bench.nrt_crd import assert_valid, nrt_schema, pruned, res, zone
 from memtopo.cli.main import main
 from memtopo.hostfs import HostFS
 from memtopo.k8s import podfingerprint as pfp
@@ -35,7 +36,6 @@ from memtopo.k8s.nrt import (
 from memtopo.k8s.quantity import format_bytes as quantity
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import HWLOC_LINUX, HWLOC_XML, LAB_CAPTURES, discovered, extracted
-from tests.nrt_crd import assert_valid, nrt_schema, pruned, res, zone
 
 REPO = Path(__file__).resolve().parents[2]
 SYNTH = REPO / "tests" / "fixtures"

@@ -1,4 +1,4 @@
-"""The NodeResourceTopology publisher against a STAND-IN API server (tests/k8s_standin.py: real HTTP,
+"""The NodeResourceTopology publisher against a STAND-IN API server (bench/k8s_standin.py: real HTTP,
 server-side apply semantics for this one resource; not a Kubernetes API server, none can run here).
 The publisher talks to it through its real client (memtopo.k8s.kubeapi)."""
 
@@ -14,6 +14,7 @@ import aiohttp
 import structlog
 from prometheus_client import CollectorRegistry
 
+from bench.k8s_standin import StandInApiServer
 from memtopo.agent.config import load_config
 from memtopo.agent.daemon import EXIT_OK, Agent
 from memtopo.agent.k8s_publisher import FIELD_MANAGER, Publisher, PublisherSettings
@@ -27,7 +28,6 @@ from memtopo.k8s.nrt import zone_nodes
 from memtopo.k8s.podresources import PodResourcesError
 from memtopo.v1 import topology_pb2 as pb
 from tests.fixtures import lab_root
-from tests.k8s_standin import StandInApiServer
 
 NODE = "gpu-node-1"
 

@@ -13,7 +13,7 @@ Message and enum names are the CRI's too, so logs and JSON read the same as cric
 What uses which part: k8s/cri.py (the agent's enforcement) calls Version, ListContainers,
 ContainerStatus, UpdateContainerResources and GetContainerEvents. The sandbox and container
 lifecycle calls (RunPodSandbox … RemovePodSandbox) are what the kubelet calls; memtopo's tests call
-them to drive a real containerd as the kubelet would (tests/containerd.py).
+them to drive a real containerd as the kubelet would (bench/containerd.py).
 """
 
 from collections import abc as _abc

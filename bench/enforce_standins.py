@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.containerd import Kubelet, Pod
 from memtopo.agent.enforce import node_facts
 from memtopo.hostfs import HostFS
 from memtopo.k8s import enforcement as ef
 from memtopo.k8s.facts import KubeletFacts
 from memtopo.v1 import topology_pb2 as pb
-from tests.containerd import Kubelet, Pod
 
 NODE = "standin-node"
 

@@ -48,7 +48,7 @@ import yaml
 from aiohttp import web
 from jsonschema import Draft7Validator
 
-from tests.nrt_crd import nrt_schema
+from bench.nrt_crd import nrt_schema
 
 NRT_PREFIX = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
 NRT_PATH = NRT_PREFIX + "/{name}"

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft7Validator
 
-from tests.fixtures import REPO
+from bench.roots import REPO
 
 CRD = REPO / "deploy" / "kubernetes" / "noderesourcetopologies.yaml"
 
