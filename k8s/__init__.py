@@ -1,1 +1,10 @@
-"""Kubernetes: the NodeResourceTopology object memtopo publishes, the kubelet facts it reads, the publisher."""
+"""The Kubernetes wing: one home for Kubernetes facts and clients, on the ground floor only.
+
+Quantities and resource names (``quantity``, ``resources``), object names (``names``), the one API
+client and its informer (``kubeapi``, ``informer``), the NodeResourceTopology object both ways (``nrt``
+builds it, ``nrt_read`` reads any publisher's), the kubelet's configuration and its PodResources API
+(``kubelet``, ``podresources``), the pods fingerprint, the container runtime's CRI client (``cri``), and
+pure decisions: what the kubelet admits (``admission``), scheduler-plugins' scores (``scoring``), the
+static CPU manager's choice (``cpumanager``) and the node's enforcement (``enforcement``). The publisher
+and the enforcement loop that use them live in the agent; the extender in its own room.
+"""
