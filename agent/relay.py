@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import Final
 
 from memtopo.text import reason
+from memtopo.throttle import Throttle
 
 from . import peers
-from .logs import Throttle, get_logger
+from .logs import get_logger
 from .peers import Admission, ConnectionLimits, PeerCred
 
 log = get_logger(component="transport")

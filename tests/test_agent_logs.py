@@ -190,7 +190,7 @@ def test_any_event_and_fields_give_exactly_one_line_that_round_trips(event: str,
 
 
 def test_throttle_allows_one_event_per_key_per_interval_and_counts_the_rest() -> None:
-    from memtopo.agent.logs import Throttle
+    from memtopo.throttle import Throttle
 
     now = [0.0]
     t = Throttle(interval=60.0, max_keys=2, clock=lambda: now[0])
