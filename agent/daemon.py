@@ -32,13 +32,15 @@ from memtopo.discovery.fingerprint import fingerprint
 from memtopo.discovery.isolated import discover_in_child
 from memtopo.discovery.source import ProbeContext
 from memtopo.grpcserve import grpc_server
+from memtopo.httpserve import ListenError
+from memtopo.throttle import Throttle
 from memtopo.v1 import topology_pb2 as pb
 
 from . import peers, transport
 from .config import AgentConfig, ConfigError
-from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
+from .health import HealthServer, LoopLiveness, start_health_server
 from .link import Backoff, ControllerLink, LinkState
-from .logs import Throttle, get_logger
+from .logs import get_logger
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
 from .sdnotify import Notifier
@@ -184,6 +186,9 @@ class Agent:
         return self._named(await discover_in_child(root, timeout=ISOLATED_DISCOVERY_LIMIT_SECONDS))
 
     def _named(self, topo: pb.MemoryTopology) -> pb.MemoryTopology:
+        if self.config.root not in ("", "/"):
+            # What the operator named: a tarball's temporary extraction directory means nothing to a reader.
+            topo.source_root = self.config.root
         if self.config.node_name:
             # The operator's name for the node wins (a Kubernetes node name need not be the hostname).
             topo.node_name = self.config.node_name
@@ -381,7 +386,7 @@ class Agent:
             yield
         except SocketInUseError:
             raise
-        except (peers.TransportError, HealthListenError) as exc:
+        except (peers.TransportError, ListenError) as exc:
             raise ConfigError(key, str(exc), self.config.source) from None
 
     def _connection_event(self, what: str, limit: str) -> None:
@@ -422,7 +427,8 @@ class Agent:
         return ControllerLink(cfg.address, self.state, self.config.node_name or (cur.topology.node_name if cur else ""),
                               boot_id, plans.apply, credentials=creds, heartbeat_seconds=cfg.heartbeat_seconds,
                               backoff=Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds),
-                              on_state=on_state, on_reconnect=self.metrics.count_reconnect, version=VERSION)
+                              on_state=on_state, on_reconnect=self.metrics.count_reconnect, version=VERSION,
+                              stored_result=plans.result)
 
     # ---- main ---------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -433,7 +439,8 @@ class Agent:
         self.liveness.tick()
         if self.config.health.listen:
             with self._config_key("health.listen"):
-                self.health_server = start_health_server(self.config.health.listen, self)
+                self.health_server = start_health_server(self.config.health.listen, self,
+                                                         hosts=self.config.health.hosts)
         self.notifier.status("discovering")
         engine = Engine(Host.live(), self._current_topology, self.config.apply_state_dir,
                         self.config.apply)

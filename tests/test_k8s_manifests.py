@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from memtopo.addresses import parse_host_port
 from memtopo.agent.config import parse_config
-from memtopo.agent.health import parse_listen
 from memtopo.agent.k8s_publisher import GROUP, PLURAL
 
 BASE = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
@@ -128,7 +128,7 @@ def test_the_daemonset_runs_the_configmaps_agent_with_its_mounts_probes_and_scra
     assert cfg.kubernetes.enabled and cfg.apply.cgroup_prefixes == ()
     assert cfg.listen.socket.startswith(mounts["run"]) and cfg.state_dir == mounts["state"]
     assert cfg.kubernetes.pod_resources_socket.startswith(mounts["pod-resources"] + "/")
-    _, port = parse_listen(cfg.health.listen)
+    _, port = parse_host_port(cfg.health.listen)
     assert [p["containerPort"] for p in c["ports"]] == [port]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     notes = ds["spec"]["template"]["metadata"]["annotations"]
