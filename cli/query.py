@@ -119,9 +119,10 @@ class EmbeddedController:
 
     async def start(self) -> str:
         """Starts the controller; the address the agent's link dials."""
+        from memtopo.cli.controller import listener_routes
         from memtopo.controller.server import start_controller
 
-        self._server = await start_controller(self.listen, http=self.http)
+        self._server = await start_controller(self.listen, http=self.http, http_routes=listener_routes)
         host = self.listen.rpartition(":")[0] or "127.0.0.1"
         return f"{host}:{self._server.port}"
 

@@ -35,9 +35,9 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.kubeapi import KubeApiError, PodApi
 from memtopo.controller.state import ControllerState
+from memtopo.httpserve import HttpError, Request, Response, Routes
 from memtopo.k8s import quantity
 from memtopo.k8s.resources import AMD_GPU, ASCEND_910, KUNLUNXIN_XPU, NVIDIA_GPU, XPU_DEVICE_ANNOTATION
 from memtopo.planner import fleet as fleet_policies
@@ -482,9 +482,9 @@ class Extender:
             failure: str | None = None
             try:
                 try:
-                    args = json.loads(request.body)
-                except (ValueError, RecursionError) as exc:
-                    raise ExtenderError("invalid_json", f"the body is not JSON: {_excerpt(str(exc), 80)}") from None
+                    args = await request.json()  # a large body is decoded off the loop
+                except HttpError as exc:
+                    raise ExtenderError("invalid_json", exc.message) from None
                 if not isinstance(args, dict):
                     wanted = "ExtenderBindingArgs" if verb == "bind" else "ExtenderArgs"
                     raise ExtenderError("invalid_json", f"the body is not a JSON object ({verb} takes {wanted})")
