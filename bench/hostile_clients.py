@@ -1,5 +1,18 @@
 """A real agent under hostile clients: /healthz latency under slow HTTP clients, memory under
-stalled watchers.
+stalled watchers; and memtopo's HTTP server against aiohttp's under the same hostile clients.
+
+``http``: the same hostile scenarios against memtopo's one HTTP server (memtopo/httpserve.py) and
+against an aiohttp ``web.Application`` with the same handlers and the same limits where aiohttp has
+them (bench/httppeers.py says which), optionally also against the controller's listener as it was at
+a git revision (``--before REV``). For each scenario and server, a fresh server process: the hostile
+load in a second process, /healthz probed from this one (a fresh connection each, ``Connection:
+close``, timed from connect to the end of the answer). Reported: p50/p99 of the probes that were
+answered, how many were answered 200, the server's peak RSS (VmHWM) and threads, and what the load
+saw (connections the server closed). Scenarios: ``baseline`` (nothing else), ``slow`` (3,000 slow
+clients), ``idle`` (300 idle connections), ``bodies`` (16 clients posting 1 MiB bodies), ``never-read``
+(40 clients posting 930 KB and never reading their 8.5 MB answers, held past the 30 s write deadline).
+Targets, memtopo's server against the best aiohttp variant in the same run: every probe answered 200
+in every scenario; p99 at most 1.5× theirs; peak RSS under never-reading clients at most theirs.
 
 ``health``: ``memtopo serve`` on a captured root; /healthz is probed ``--probes`` times (a fresh
 connection each, ``Connection: close``, timed from connect to the end of the answer), first with
@@ -18,6 +31,8 @@ does that), and how many streams the agent refused.
 
     .venv/bin/python bench/hostile_clients.py health [--clients 3000] [--probes 200]
     .venv/bin/python bench/hostile_clients.py watchers [--watchers 2000] [--changes 3] [--settle 75]
+    .venv/bin/python bench/hostile_clients.py http [--impls memtopo aiohttp aiohttp+slots] [--before main]
+                                                   [--scenarios slow idle bodies never-read] [--probes 100]
 """
 
 from __future__ import annotations
@@ -25,16 +40,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import resource
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import IO, Any, cast
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -42,6 +60,7 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 
 from bench.agentproc import AgentProcess, AgentSpec, copy_root, fixture_root, memory_kib  # noqa: E402
+from bench.httppeers import IMPLS, SCENARIOS  # noqa: E402
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402
 from memtopo.v1 import agent_pb2_grpc  # noqa: E402
 from tests.test_agent_e2e import set_node_memory  # noqa: E402
@@ -63,7 +82,7 @@ def _probe(port: int) -> float:
     """Seconds from connect to the end of a /healthz answer."""
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         data = b""
         while chunk := s.recv(4096):
             data += chunk
@@ -128,12 +147,12 @@ class SlowClients:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:
         try:
             if slow:
-                for byte in b"GET /healthz HTTP/1.1\r\nHost: bench\r\nX-Slow: " + b"a" * 10_000:
+                for byte in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 10_000:
                     writer.write(bytes([byte]))
                     await writer.drain()
                     await asyncio.sleep(1.0)
             else:
-                writer.write(b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n")
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 await writer.drain()
                 await reader.read(4096)
             await reader.read()  # hold it until the server closes it
@@ -207,6 +226,182 @@ def bench_watchers(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- memtopo's server against aiohttp's ------------------------------------------------------------------
+PEERS = Path(__file__).resolve().parent / "httppeers.py"
+P99_RATIO = 1.5
+RSS_RATIO = 1.0
+
+
+@dataclass
+class Run:
+    impl: str
+    scenario: str
+    latencies: list[float] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)
+    peak_kib: int = 0
+    start_kib: int = 0
+    threads: int = 0
+    seen: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def answered(self) -> int:
+        return len(self.latencies)
+
+
+def _probe_once(port: int, timeout: float) -> tuple[float | None, str]:
+    start = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+    except OSError as exc:
+        return None, type(exc).__name__
+    status = data[9:12].decode("latin-1", "replace") or "closed"
+    return (time.perf_counter() - start if status == "200" else None), status
+
+
+def _read_line(stream: IO[str], expect: str, deadline: float) -> str:
+    result: list[str] = []
+
+    def reader() -> None:
+        for line in stream:
+            if line.startswith(expect):
+                result.append(line.strip())
+                return
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    t.join(deadline)
+    if not result:
+        raise RuntimeError(f"no {expect!r} line within {deadline:g} s")
+    return result[0]
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def run_http(impl: str, scenario: str, args: argparse.Namespace, source: str) -> Run:
+    run = Run(impl, scenario)
+    server = subprocess.Popen([sys.executable, str(PEERS), "serve", impl, source], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert server.stdout is not None and server.stdin is not None
+    load: subprocess.Popen[str] | None = None
+    try:
+        port = int(_read_line(server.stdout, "READY", 60).split()[1])
+        run.start_kib = _status_kib(server.pid, "VmRSS")
+        if scenario != "baseline":
+            load = subprocess.Popen([sys.executable, str(PEERS), "load", scenario, str(port)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, cwd=REPO)
+            assert load.stdout is not None
+            _read_line(load.stdout, "LOADED", 600)
+            time.sleep(args.settle)
+        loaded = time.monotonic()
+        run.threads = len(list(Path(f"/proc/{server.pid}/task").iterdir()))
+        for _ in range(args.probes):
+            seconds, status = _probe_once(port, args.probe_timeout)
+            if seconds is None:
+                run.failures[status] += 1
+            else:
+                run.latencies.append(seconds)
+            time.sleep(0.01)
+        if scenario == "never-read":  # past the write deadline: were the stalled answers let go?
+            time.sleep(max(0.0, args.hold - (time.monotonic() - loaded)))
+            for _ in range(10):
+                seconds, status = _probe_once(port, args.probe_timeout)
+                if seconds is None:
+                    run.failures[status] += 1
+                else:
+                    run.latencies.append(seconds)
+        run.peak_kib = _status_kib(server.pid, "VmHWM")
+        if load is not None:
+            assert load.stdin is not None and load.stdout is not None
+            load.stdin.close()
+            out = load.stdout.read()
+            load.wait(120)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            run.seen = json.loads(lines[-1]) if lines else {}
+    finally:
+        for proc in (load, server):
+            if proc is None:
+                continue
+            with contextlib.suppress(Exception):
+                assert proc.stdin is not None
+                proc.stdin.close()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    return run
+
+
+def _before_source(rev: str, tmp: Path) -> str:
+    text = subprocess.run(["git", "show", f"{rev}:controller/http.py"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+    path = tmp / "controller_http_before.py"
+    path.write_text(text)
+    return str(path)
+
+
+def _seen(run: Run) -> str:
+    s = run.seen
+    if not s:
+        return ""
+    parts = [f"{s.get('connected', 0)} connected", f"{s.get('closed_by_server', 0)} closed by the server"]
+    if s.get("answers"):
+        parts.append("answers " + ", ".join(f"{k}×{v}" for k, v in sorted(s["answers"].items())))
+    if s.get("errors"):
+        parts.append(f"{s['errors']} errors")
+    return "; ".join(parts)
+
+
+def bench_http(args: argparse.Namespace) -> int:
+    _raise_fd_limit()
+    impls = list(args.impls) + (["before"] if args.before else [])
+    runs: dict[tuple[str, str], Run] = {}
+    with tempfile.TemporaryDirectory(prefix="memtopo-bench-http-") as tmp:
+        source = _before_source(args.before, Path(tmp)) if args.before else ""
+        for scenario in ["baseline", *args.scenarios]:
+            for impl in impls:
+                run = runs[(scenario, impl)] = run_http(impl, scenario, args, source)
+                p50 = f"{_pct(run.latencies, 0.5):8.2f}" if run.latencies else "       -"
+                p99 = f"{_pct(run.latencies, 0.99):8.2f}" if run.latencies else "       -"
+                failed = ", ".join(f"{k}×{v}" for k, v in run.failures.most_common())
+                print(f"{scenario:<11} {impl:<14} /healthz p50 {p50} ms  p99 {p99} ms  "
+                      f"200: {run.answered}/{run.answered + sum(run.failures.values())}"
+                      f"{' (' + failed + ')' if failed else ''}  peak RSS {run.peak_kib / 1024:6.1f} MiB "
+                      f"(start {run.start_kib / 1024:5.1f})  threads {run.threads}  | {_seen(run)}", flush=True)
+    ok = True
+    rivals = [i for i in impls if i.startswith("aiohttp")]
+    for scenario in ["baseline", *args.scenarios]:
+        ours = runs.get((scenario, "memtopo"))
+        if ours is None:
+            continue
+        all_answered = not ours.failures
+        print(f"{'PASS' if all_answered else 'FAIL'}: {scenario}: memtopo answered {ours.answered} probes 200, "
+              f"{sum(ours.failures.values())} not")
+        ok &= all_answered
+        theirs = [runs[(scenario, i)] for i in rivals if runs[(scenario, i)].latencies]
+        if theirs and ours.latencies and scenario != "baseline":
+            best = min(_pct(t.latencies, 0.99) for t in theirs)
+            ratio = _pct(ours.latencies, 0.99) / best
+            print(f"{'PASS' if ratio <= P99_RATIO else 'FAIL'}: {scenario}: memtopo p99 / best aiohttp p99 = "
+                  f"{ratio:.2f} (target <= {P99_RATIO})")
+            ok &= ratio <= P99_RATIO
+        if scenario == "never-read" and rivals:
+            least = min(runs[(scenario, i)].peak_kib for i in rivals)
+            ratio = ours.peak_kib / least
+            print(f"{'PASS' if ratio <= RSS_RATIO else 'FAIL'}: never-read: memtopo peak RSS / least aiohttp peak = "
+                  f"{ratio:.2f} (target <= {RSS_RATIO})")
+            ok &= ratio <= RSS_RATIO
+    return 0 if ok else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -219,8 +414,19 @@ def main() -> int:
     w.add_argument("--changes", type=int, default=3)
     w.add_argument("--settle", type=float, default=75.0)
     w.add_argument("--root", default="lab:dual-socket-cxl")
+    x = sub.add_parser("http")
+    x.add_argument("--impls", nargs="+", choices=[i for i in IMPLS if i != "before"],
+                   default=["memtopo", "aiohttp", "aiohttp+slots"])
+    x.add_argument("--before", metavar="REV", help="also the controller listener at this git revision (main)")
+    x.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    x.add_argument("--probes", type=int, default=100)
+    x.add_argument("--probe-timeout", type=float, default=10.0)
+    x.add_argument("--settle", type=float, default=2.0, help="seconds between the load in place and the probes")
+    x.add_argument("--hold", type=float, default=40.0, help="never-read: seconds the clients are held")
     args = p.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
+        if args.what == "http":
+            return bench_http(args)
         return bench_health(args) if args.what == "health" else bench_watchers(args)
     return 1
 

@@ -738,7 +738,9 @@ def test_a_cross_site_page_and_a_rebinding_name_reach_no_handler_in_chromium(reb
         # Every request carried its page's Origin; the JSON one got no further than its preflight.
         writes = sorted((e.method, e.status) for e in seen if e.target == "/write")
         assert writes == [("OPTIONS", 403), ("POST", 403), ("POST", 403)]
-        assert [(e.route, e.status) for e in seen if e.target == "/healthz"] == [("", 421)]
+        # (Chromium retries a 421 once on a new connection: it gets the same answer.)
+        rebound = [(e.route, e.status) for e in seen if e.target == "/healthz"]
+        assert rebound and set(rebound) == {("", 421)}
     finally:
         attacker.stop()
         target.stop()
