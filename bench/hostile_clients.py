@@ -241,6 +241,7 @@ class Run:
     peak_kib: int = 0
     start_kib: int = 0
     threads: int = 0
+    log_lines: int = 0
     seen: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -262,20 +263,32 @@ def _probe_once(port: int, timeout: float) -> tuple[float | None, str]:
     return (time.perf_counter() - start if status == "200" else None), status
 
 
-def _read_line(stream: IO[str], expect: str, deadline: float) -> str:
-    result: list[str] = []
+class Drained:
+    """Every line a child writes, read on a thread as it comes (a child whose pipe fills blocks on its
+    own logging), counted, and the first that starts with an awaited word handed over."""
 
-    def reader() -> None:
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._arrived = threading.Condition()
+        threading.Thread(target=self._drain, args=(stream,), daemon=True).start()
+
+    def _drain(self, stream: IO[str]) -> None:
         for line in stream:
-            if line.startswith(expect):
-                result.append(line.strip())
-                return
-    t = threading.Thread(target=reader, daemon=True)
-    t.start()
-    t.join(deadline)
-    if not result:
-        raise RuntimeError(f"no {expect!r} line within {deadline:g} s")
-    return result[0]
+            with self._arrived:
+                self.lines.append(line.rstrip("\n"))
+                self._arrived.notify_all()
+
+    def wait_for(self, word: str, deadline: float) -> str:
+        end = time.monotonic() + deadline
+        with self._arrived:
+            while True:
+                found = next((line for line in self.lines if line.startswith(word)), None)
+                if found is not None:
+                    return found
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"no {word!r} line within {deadline:g} s; got {self.lines[-5:]}")
+                self._arrived.wait(left)
 
 
 def _status_kib(pid: int, key: str) -> int:
@@ -288,17 +301,20 @@ def _status_kib(pid: int, key: str) -> int:
 def run_http(impl: str, scenario: str, args: argparse.Namespace, source: str) -> Run:
     run = Run(impl, scenario)
     server = subprocess.Popen([sys.executable, str(PEERS), "serve", impl, source], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     assert server.stdout is not None and server.stdin is not None
+    said = Drained(server.stdout)
     load: subprocess.Popen[str] | None = None
+    loaded_said: Drained | None = None
     try:
-        port = int(_read_line(server.stdout, "READY", 60).split()[1])
+        port = int(said.wait_for("READY", 60).split()[1])
         run.start_kib = _status_kib(server.pid, "VmRSS")
         if scenario != "baseline":
             load = subprocess.Popen([sys.executable, str(PEERS), "load", scenario, str(port)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True, cwd=REPO)
             assert load.stdout is not None
-            _read_line(load.stdout, "LOADED", 600)
+            loaded_said = Drained(load.stdout)
+            loaded_said.wait_for("LOADED", 600)
             time.sleep(args.settle)
         loaded = time.monotonic()
         run.threads = len(list(Path(f"/proc/{server.pid}/task").iterdir()))
@@ -318,13 +334,12 @@ def run_http(impl: str, scenario: str, args: argparse.Namespace, source: str) ->
                 else:
                     run.latencies.append(seconds)
         run.peak_kib = _status_kib(server.pid, "VmHWM")
-        if load is not None:
-            assert load.stdin is not None and load.stdout is not None
+        if load is not None and loaded_said is not None:
+            assert load.stdin is not None
             load.stdin.close()
-            out = load.stdout.read()
+            run.seen = json.loads(loaded_said.wait_for("{", 120))
             load.wait(120)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            run.seen = json.loads(lines[-1]) if lines else {}
+        run.log_lines = len(said.lines) - 1  # all but READY
     finally:
         for proc in (load, server):
             if proc is None:
@@ -375,7 +390,8 @@ def bench_http(args: argparse.Namespace) -> int:
                 print(f"{scenario:<11} {impl:<14} /healthz p50 {p50} ms  p99 {p99} ms  "
                       f"200: {run.answered}/{run.answered + sum(run.failures.values())}"
                       f"{' (' + failed + ')' if failed else ''}  peak RSS {run.peak_kib / 1024:6.1f} MiB "
-                      f"(start {run.start_kib / 1024:5.1f})  threads {run.threads}  | {_seen(run)}", flush=True)
+                      f"(start {run.start_kib / 1024:5.1f})  threads {run.threads}  log lines {run.log_lines}  "
+                      f"| {_seen(run)}", flush=True)
     ok = True
     rivals = [i for i in impls if i.startswith("aiohttp")]
     for scenario in ["baseline", *args.scenarios]:

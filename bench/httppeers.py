@@ -180,13 +180,20 @@ class Load:
     def answered(self, status: str) -> None:
         self.stats["answers"][status] = self.stats["answers"].get(status, 0) + 1
 
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection, or None when the server does not take it within 3 s (its accept queue full)."""
+        try:
+            return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 3.0)
+        except (OSError, TimeoutError):
+            self.stats["errors"] += 1
+            return None
+
     async def slow(self, count: int = 3000) -> None:
         for i in range(count):
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                self.stats["errors"] += 1
+            pair = await self.connect()
+            if pair is None:
                 continue
+            reader, writer = pair
             self.stats["connected"] += 1
             self.tasks.append(asyncio.create_task(self._slow_one(reader, writer, bool(i % 2))))
 
@@ -210,11 +217,10 @@ class Load:
 
     async def idle(self, count: int = 300) -> None:
         for _ in range(count):
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                self.stats["errors"] += 1
+            pair = await self.connect()
+            if pair is None:
                 continue
+            reader, writer = pair
             self.stats["connected"] += 1
             self.tasks.append(asyncio.create_task(self._hold(reader, writer)))
 

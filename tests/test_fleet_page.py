@@ -769,3 +769,18 @@ def test_node_names_break_only_between_their_parts(browser: Any) -> None:
             texts = page.eval_on_selector_all("#nodes td.name a", "as => as.map(a => a.textContent)")
             assert sorted(texts) == sorted(NAMES_THAT_WRAP)
             page.close()
+
+
+def test_the_wheel_ships_the_page_s_assets(tmp_path: Path) -> None:
+    """The HTML, CSS, script and icon are package data: a wheel built from the tree carries every
+    file the page loads, where the page loads them from."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+                            "-q", "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    import zipfile
+
+    (wheel,) = tmp_path.glob("memtopo-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {n.removeprefix("memtopo/fleetpage/assets/") for n in names if n.startswith("memtopo/fleetpage/assets/")}
+    on_disk = {p.name for p in (REPO / "fleetpage" / "assets").iterdir()}
+    assert shipped == on_disk and {"fleet.html", "node.html", "fleet.css", "fleet.js", "favicon.svg"} <= shipped
