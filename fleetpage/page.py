@@ -31,7 +31,7 @@ import structlog
 from memtopo.controller.fleet import Fleet, NodeInfo
 from memtopo.controller.state import ControllerState
 from memtopo.cpulist import format_cpulist
-from memtopo.draw.svg import TYPE_WORD
+from memtopo.draw.svg import TYPE_WORD, topology_svg
 from memtopo.fleetpage.assets import assets
 from memtopo.httpserve import HTML_TYPE, HttpError, Request, Response, Routes
 from memtopo.planner.fleet import DeviceView, node_device_view, view_json
@@ -213,14 +213,14 @@ def _snapshot_key(info: NodeInfo) -> tuple[int, str]:
 
 class FleetPage:
     """The page's data over one controller's fleet. ``draw`` renders a node's drawing (default:
-    ``draw.svg.topology_svg``, imported on first use); ``pending`` lists the plans awaiting a node's
+    ``draw.svg.topology_svg``); ``pending`` lists the plans awaiting a node's
     result; ``in_use`` the devices handed out per policy and node; ``clock`` is the fleet's clock.
     Call its coroutines on the fleet's loop."""
 
     def __init__(self, fleet: Fleet, *, draw: Draw | None = None, pending: Pending | None = None,
                  in_use: InUse | None = None, clock: Callable[[], float] = time.time) -> None:
         self._fleet = fleet
-        self._draw = draw
+        self._draw: Draw = draw or topology_svg
         self._pending = pending
         self._in_use = in_use
         self._clock = clock
@@ -295,12 +295,7 @@ class FleetPage:
         if cached is not None:
             self._svgs.move_to_end(key)
             return cached
-        draw = self._draw
-        if draw is None:
-            from memtopo.draw.svg import topology_svg
-
-            draw = self._draw = topology_svg
-        body = (await asyncio.to_thread(draw, topo)).encode()
+        body = (await asyncio.to_thread(self._draw, topo)).encode()
         self._svgs[key] = body
         while len(self._svgs) > SVG_CACHE:
             self._svgs.popitem(last=False)

@@ -107,7 +107,9 @@ class Limits:
     # A 930 KB extender filter naming 40,000 unknown nodes answers 8.5 MB: room for a few of those.
     max_unsent_bytes: int = 64 << 20
     inline_body_bytes: int = 64 << 10
-    max_body_work: int = 2
+    # One: the GIL runs one JSON call at a time anyway, and each worker holding it is a wait for the
+    # loop (bench/hostile_clients.py http, bodies: /healthz p99 331 ms with one slot, 1.1 s with two).
+    max_body_work: int = 1
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -175,8 +177,64 @@ def _decode_json(body: bytes) -> Any:
         raise HttpError(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {excerpt(str(exc))}") from None
 
 
+_SEPARATORS: Final = (",", ":")
+# Members per json.dumps call when a large request's answer is encoded in a worker thread. One call
+# over a multi-MB answer would hold the GIL for all of it (the C encoder never lets go), and the loop,
+# which needs the GIL to answer a probe, would wait as long; between short calls it gets its turn.
+PIECE_MEMBERS = 512
+
+
 def _encode_json(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+    return json.dumps(doc, separators=_SEPARATORS).encode() + b"\n"
+
+
+def _splittable(value: Any) -> bool:
+    """A container worth encoding member by member: many members, or a member that has many."""
+    if type(value) is dict:
+        # json.dumps turns other keys into strings its own way: leave those to it, whole.
+        if not all(type(k) is str for k in value):
+            return False
+        children: Iterable[Any] = value.values()
+    elif type(value) is list:
+        children = value
+    else:
+        return False
+    return len(value) > PIECE_MEMBERS or any(type(c) in (dict, list) and len(c) > PIECE_MEMBERS for c in children)
+
+
+def _pieces(value: Any, out: list[str]) -> None:
+    """Append the JSON of ``value``, known to be _splittable, to ``out`` in pieces (joined once, at
+    the end: an 8 MB answer copied at every level would cost more than its encoding)."""
+    is_dict = type(value) is dict
+    members: list[Any] = list(value.items()) if is_dict else value
+    children = value.values() if is_dict else value
+    # The members that are themselves split; the runs between them go PIECE_MEMBERS to a call.
+    nested = [i for i, c in enumerate(children) if type(c) in (dict, list) and _splittable(c)]
+    out.append("{" if is_dict else "[")
+    comma = ""
+    begin = 0
+    for stop in [*nested, len(members)]:
+        for first in range(begin, stop, PIECE_MEMBERS):
+            run = members[first:min(first + PIECE_MEMBERS, stop)]
+            out.append(comma + json.dumps(dict(run) if is_dict else run, separators=_SEPARATORS)[1:-1])
+            comma = ","
+        if stop < len(members):
+            out.append(comma + (json.dumps(members[stop][0]) + ":" if is_dict else ""))
+            _pieces(members[stop][1] if is_dict else members[stop], out)
+            comma = ","
+        begin = stop + 1
+    out.append("}" if is_dict else "]")
+
+
+def encode_json_in_pieces(doc: Any) -> bytes:
+    """The bytes ``Response.json`` sends (compact JSON and a newline), made by many short json.dumps
+    calls rather than one, for a worker thread that must not hold the GIL for long."""
+    if not _splittable(doc):
+        return _encode_json(doc)
+    out: list[str] = []
+    _pieces(doc, out)
+    out.append("\n")
+    return "".join(out).encode()
 
 
 class Response:
@@ -945,7 +1003,9 @@ class HttpServer:
 
 
 def _encode(resp: Response) -> None:
-    resp.body  # noqa: B018 - encodes it, in the worker thread that calls this
+    """Encode ``resp`` in the worker thread that calls this, in pieces."""
+    if resp._doc is not None:
+        resp._body, resp._doc = encode_json_in_pieces(resp._doc[0]), None
 
 
 def _with_body(request: Request, body: bytes, large: bool) -> Request:

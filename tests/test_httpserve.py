@@ -247,6 +247,26 @@ def test_any_host_header_is_split_or_refused(value: str) -> None:
     assert httpserve.same_origin("http://" + value, value, False) in (True, False)
 
 
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=4), inner, max_size=8)
+    | st.dictionaries(st.integers(0, 9), inner, max_size=3),
+    max_leaves=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_an_answer_encoded_in_pieces_is_the_same_bytes(doc: Any) -> None:
+    """A large request's answer is encoded with many short json.dumps calls (the worker thread then
+    lets the loop have the GIL between them); the bytes are those one call makes."""
+    original = httpserve.PIECE_MEMBERS
+    httpserve.PIECE_MEMBERS = 2  # split even small documents, at every level
+    try:
+        assert httpserve.encode_json_in_pieces(doc) == httpserve._encode_json(doc)
+    finally:
+        httpserve.PIECE_MEMBERS = original
+
+
 # ---- clients that never read -----------------------------------------------------------------------
 def big_answer_routes(size: int) -> Routes:
     routes = sample_routes()
