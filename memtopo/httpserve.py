@@ -53,6 +53,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import itertools
 import json
 import os
 import socket
@@ -185,7 +186,7 @@ PIECE_MEMBERS = 512
 
 
 def _encode_json(doc: Any) -> bytes:
-    return json.dumps(doc, separators=_SEPARATORS).encode() + b"\n"
+    return (json.dumps(doc, separators=_SEPARATORS) + "\n").encode()
 
 
 def _splittable(value: Any) -> bool:
@@ -202,28 +203,32 @@ def _splittable(value: Any) -> bool:
     return len(value) > PIECE_MEMBERS or any(type(c) in (dict, list) and len(c) > PIECE_MEMBERS for c in children)
 
 
-def _pieces(value: Any, out: list[str]) -> None:
-    """Append the JSON of ``value``, known to be _splittable, to ``out`` in pieces (joined once, at
-    the end: an 8 MB answer copied at every level would cost more than its encoding)."""
+def _pieces(value: Any, out: list[bytes]) -> None:
+    """Append the JSON of ``value``, known to be _splittable, to ``out`` in pieces, joined once at the
+    end (an 8 MB answer copied at every level would cost more than its encoding)."""
     is_dict = type(value) is dict
-    members: list[Any] = list(value.items()) if is_dict else value
     children = value.values() if is_dict else value
     # The members that are themselves split; the runs between them go PIECE_MEMBERS to a call.
     nested = [i for i, c in enumerate(children) if type(c) in (dict, list) and _splittable(c)]
-    out.append("{" if is_dict else "[")
-    comma = ""
-    begin = 0
-    for stop in [*nested, len(members)]:
-        for first in range(begin, stop, PIECE_MEMBERS):
-            run = members[first:min(first + PIECE_MEMBERS, stop)]
-            out.append(comma + json.dumps(dict(run) if is_dict else run, separators=_SEPARATORS)[1:-1])
-            comma = ","
-        if stop < len(members):
-            out.append(comma + (json.dumps(members[stop][0]) + ":" if is_dict else ""))
-            _pieces(members[stop][1] if is_dict else members[stop], out)
-            comma = ","
-        begin = stop + 1
-    out.append("}" if is_dict else "]")
+    members = iter(value.items() if is_dict else value)
+    out.append(b"{" if is_dict else b"[")
+    position = 0
+    for stop in [*nested, len(value)]:
+        while position < stop:
+            run = list(itertools.islice(members, min(PIECE_MEMBERS, stop - position)))
+            if position:
+                out.append(b",")
+            position += len(run)
+            out.append(json.dumps(dict(run) if is_dict else run, separators=_SEPARATORS)[1:-1].encode())
+        if stop < len(value):
+            member = next(members)
+            if position:
+                out.append(b",")
+            position += 1
+            if is_dict:
+                out.append(json.dumps(member[0]).encode() + b":")
+            _pieces(member[1] if is_dict else member, out)
+    out.append(b"}" if is_dict else b"]")
 
 
 def encode_json_in_pieces(doc: Any) -> bytes:
@@ -231,10 +236,10 @@ def encode_json_in_pieces(doc: Any) -> bytes:
     calls rather than one, for a worker thread that must not hold the GIL for long."""
     if not _splittable(doc):
         return _encode_json(doc)
-    out: list[str] = []
+    out: list[bytes] = []
     _pieces(doc, out)
-    out.append("\n")
-    return "".join(out).encode()
+    out.append(b"\n")
+    return b"".join(out)
 
 
 class Response:
