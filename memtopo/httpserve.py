@@ -22,8 +22,9 @@ cost is bounded by one set of ``Limits``; a listener differs only where it must 
   at most ``write_buffer_bytes`` wait in the transport.
 - **The loop**: a body over ``inline_body_bytes`` makes a *large* request. Large requests run their
   handler in one of ``max_body_work`` slots (waiting at most ``head_timeout_s`` for one, else 503);
-  their JSON is decoded (``await request.json()``) and their JSON answer encoded in a worker thread.
-  Small requests (probes, scrapes) never wait for a slot.
+  their JSON is decoded (``await request.json()``) and their JSON answer encoded in a worker thread,
+  the answer in pieces so that the thread gives the GIL back to the loop between them. Small requests
+  (probes, scrapes) never wait for a slot.
 
 Browsers (the controller's listener serves a page and a write verb): a request's ``Host`` must name
 this listener: an IP literal, ``localhost``, or one of ``hosts`` (else 421: the Host of a DNS-rebinding
@@ -888,6 +889,12 @@ class HttpServer:
             if found.guard is not None:
                 found.guard(request)
             large = length > limits.inline_body_bytes
+            if large and self.unsent_bytes + length > limits.max_unsent_bytes:
+                # No room left for even an answer the size of its body: refused before the body is
+                # read or worked on (the work would end in a busy answer anyway).
+                self._event("busy", conn.host, why="unsent_answers")
+                raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many answers waiting for their "
+                                "clients; retry", {"Retry-After": "1"})
             if length:
                 if self.body_bytes + length > limits.max_body_bytes_total:
                     self._event("busy", conn.host, why="bodies")

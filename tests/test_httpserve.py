@@ -309,6 +309,34 @@ def test_clients_that_never_read_are_aborted_and_what_waits_for_them_is_bounded(
     with_server(body, big_answer_routes(8 * MiB), limits)
 
 
+def test_a_large_request_is_refused_unread_while_answers_fill_the_unsent_bound() -> None:
+    """One client that never reads holds most of the bound for unsent answers: a large request for
+    which not even an answer the size of its body would fit is answered busy before its body is read
+    or its handler runs."""
+    routes = big_answer_routes(9 * MiB + MiB // 2)
+    calls: list[int] = []
+
+    async def count(request: Request) -> Response:
+        calls.append(len(request.body))
+        return Response.json({})
+
+    routes.add("POST", "/count", count)
+    large = b'"' + b"a" * 800_000 + b'"'
+
+    async def body(server: HttpServer) -> None:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(stalled, ("127.0.0.1", server.port))
+        stalled.sendall(post("/big", b"{}"))
+        await wait_until(lambda: server.unsent_bytes >= 9 * MiB, "the stalled answer to hold the bound")
+        status, headers, _ = await exchange(server.port, post("/count", large))
+        assert (status, headers["connection"]) == (503, "close") and calls == []
+        assert (await exchange(server.port, post("/count", b"{}")))[0] == 200  # small ones still go
+        stalled.close()
+    with_server(body, routes, Limits(max_unsent_bytes=10 * MiB, write_timeout_s=30.0))
+
+
 # ---- idle connections at the cap ---------------------------------------------------------------
 def test_at_the_cap_a_new_connection_closes_the_one_idle_longest() -> None:
     seen: list[str] = []
