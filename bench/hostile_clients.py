@@ -10,7 +10,7 @@ close``, timed from connect to the end of the answer). Reported: p50/p99 of the 
 answered, how many were answered 200, the server's peak RSS (VmHWM) and threads, and what the load
 saw (connections the server closed). Scenarios: ``baseline`` (nothing else), ``slow`` (3,000 slow
 clients), ``idle`` (300 idle connections), ``bodies`` (16 clients posting 1 MiB bodies), ``never-read``
-(40 clients posting 930 KB and never reading their 8.5 MB answers, held past the 30 s write deadline).
+(40 clients posting 850 KB and never reading their 10.4 MB answers, held past the 30 s write deadline).
 Targets, memtopo's server against aiohttp as it comes (the library with the limits it has) in the same
 run: every probe answered 200 in every scenario; p99 at most 1.5× aiohttp's, or at most 1.5× memtopo's
 own unloaded p99 (the load did not hurt it: on a shared machine a few-ms p99 is noise); peak RSS under

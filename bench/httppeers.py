@@ -4,13 +4,14 @@ probes that time /healthz).
 
 Servers (``python bench/httppeers.py serve IMPL``; prints ``READY PORT``), all with the same two
 handlers: ``GET /healthz`` (a small JSON answer) and ``POST /scheduler/filter`` (decode the JSON body,
-answer every named node with a failure reason: a 930 KB request answers 8.5 MB, as the extender
+answer every named node with a failure reason: an 850 KB request answers 10.4 MB, as the extender
 does for tens of thousands of nodes it cannot place), and the same limits where each has them:
 
 - ``memtopo``: memtopo.httpserve with its defaults (the controller listener's limits).
 - ``aiohttp``: an aiohttp ``web.Application``: body ≤ 1 MiB (client_max_size), head lines ≤ 64 KiB
-  and 100 headers, keep-alive 30 s; aiohttp has no connection cap, no deadline for a request head
-  and none for an answer the client does not take.
+  and 100 headers, keep-alive 30 s (aiohttp 3.14 also closes a connection whose request is not
+  complete by then); aiohttp has no connection cap and no deadline for an answer the client does not
+  take.
 - ``aiohttp+slots``: the same plus what a middleware can add: large bodies (> 64 KiB) wait for a
   slot and their JSON is decoded and encoded in a worker thread, as memtopo's server does.
 - ``before``: the controller's listener before this server (``controller/http.py`` at a git
@@ -23,8 +24,8 @@ holds until stdin closes and prints one JSON line of what it saw):
 - ``slow``: 3,000 connections: half sent one request and stay idle on keep-alive, half send a head a
   byte a second.
 - ``idle``: 300 connections that send nothing (over a 256 cap).
-- ``bodies``: 16 clients posting 1 MiB filter bodies in a loop, reading every answer.
-- ``never-read``: 40 clients posting a 930 KB filter and never reading the 8.5 MB answer (receive
+- ``bodies``: 16 clients posting 950 KB filter bodies (11.6 MB answers) in a loop, reading every answer.
+- ``never-read``: 40 clients posting an 850 KB filter and never reading the 10.4 MB answer (receive
   buffers 4 KiB).
 """
 
@@ -47,7 +48,7 @@ if str(REPO) not in sys.path:
 
 MiB = 1 << 20
 INLINE_BYTES = 64 << 10
-# Each refused node's reason: 930 KB of names answer about 8.5 MB.
+# Each refused node's reason: 850 KB of names (40,000) answer 10.4 MB.
 REASON = "memtopo: cannot place the pod here: " + "no HCCS ring has the NPUs this pod asks for; " * 4
 IMPLS = ("memtopo", "aiohttp", "aiohttp+slots", "before")
 SCENARIOS = ("slow", "idle", "bodies", "never-read")

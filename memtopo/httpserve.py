@@ -2,8 +2,9 @@
 listener (and, through the routes its entry point installs, the fleet page and the scheduler extender).
 
 memtopo's own rather than aiohttp's: ``bench/hostile_clients.py http`` runs the same handlers under the
-same hostile clients on both, and aiohttp has no connection cap, no deadline for a request head and
-none for an answer the client does not take (README, "Dependencies and why", has the figures).
+same hostile clients on both; aiohttp has no connection cap and no deadline for an answer the client
+does not take, and bounds a request head only by its keep-alive timeout (README, "Dependencies and
+why", has the figures).
 
 Each connection is one task on an asyncio loop (never a thread). What a hostile or broken client can
 cost is bounded by one set of ``Limits``; a listener differs only where it must (``HEALTH_LIMITS``):
