@@ -203,6 +203,21 @@ def test_stream_responses_are_chunked_and_end_when_the_server_stops() -> None:
     with_server(body, routes)
 
 
+def test_answers_do_not_wait_for_the_clients_delayed_ack() -> None:
+    """TCP_NODELAY on every accepted connection: asyncio sets it only on sockets whose protocol
+    number says TCP, which bind's sockets (socket.create_server) do not, and then an answer's body
+    waited behind its head for the client's delayed ACK (40 ms on each keep-alive request)."""
+    async def body(server: HttpServer) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(post("/echo", b"[1]"))
+        assert (await read_response(reader))[0] == 200
+        (conn,) = server._conns
+        sock = conn.writer.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        writer.close()
+    with_server(body)
+
+
 def test_registering_a_taken_route_or_a_bad_one_is_refused() -> None:
     routes = sample_routes()
     with pytest.raises(ValueError, match="already registered"):
