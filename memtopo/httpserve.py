@@ -838,6 +838,15 @@ class HttpServer:
         cast(asyncio.StreamReaderProtocol, protocol)._replace_writer(writer)  # type: ignore[attr-defined]
         conn.writer = writer
 
+    def _room_for_answer(self, conn: _Conn, large: bool, length: int) -> None:
+        """A large request with no room left among the unsent answers for even an answer the size
+        of its body is refused before its body is read or its handler runs: that work would end in
+        a busy answer anyway (and clients that never read would cost it again and again)."""
+        if large and self.unsent_bytes + length > self.limits.max_unsent_bytes:
+            self._event("busy", conn.host, why="unsent_answers")
+            raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many answers waiting for their clients; retry",
+                            {"Retry-After": "1"})
+
     def _request_checks(self, head: _Head, tls: bool) -> _Route:
         """Host, Origin, route, media type: what is refused before a body is read."""
         host = head.headers.get("host")
@@ -897,12 +906,7 @@ class HttpServer:
             if found.guard is not None:
                 found.guard(request)
             large = length > limits.inline_body_bytes
-            if large and self.unsent_bytes + length > limits.max_unsent_bytes:
-                # No room left for even an answer the size of its body: refused before the body is
-                # read or worked on (the work would end in a busy answer anyway).
-                self._event("busy", conn.host, why="unsent_answers")
-                raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many answers waiting for their "
-                                "clients; retry", {"Retry-After": "1"})
+            self._room_for_answer(conn, large, length)
             if length:
                 if self.body_bytes + length > limits.max_body_bytes_total:
                     self._event("busy", conn.host, why="bodies")
@@ -930,6 +934,7 @@ class HttpServer:
                                     {"Retry-After": "1"}) from None
                 slot = True
                 self.working += 1
+                self._room_for_answer(conn, large, length)  # again: answers may have piled up meanwhile
             answer = await found.handler(request)
             if large and isinstance(answer, Response) and not answer.encoded:
                 await asyncio.to_thread(_encode, answer)

@@ -352,6 +352,42 @@ def test_a_large_request_is_refused_unread_while_answers_fill_the_unsent_bound()
     with_server(body, routes, Limits(max_unsent_bytes=10 * MiB, write_timeout_s=30.0))
 
 
+def test_a_large_request_that_waited_for_its_slot_is_refused_if_answers_piled_up_meanwhile() -> None:
+    """Its body was read while there was room; by the time it gets the work slot a never-reading
+    client's answer fills the bound: answered busy, its handler never runs."""
+    routes = sample_routes()
+    release = asyncio.Event()
+    counted: list[int] = []
+    payload = b"x" * (10 * MiB - 100_000)  # fits the bound alone, not with the next body's size beside it
+
+    async def hold(request: Request) -> Response:
+        await release.wait()
+        return Response(200, payload, "application/octet-stream")
+
+    async def count(request: Request) -> Response:
+        counted.append(len(request.body))
+        return Response.json({})
+
+    routes.add("POST", "/hold", hold)
+    routes.add("POST", "/count", count)
+    large = b'"' + b"a" * 300_000 + b'"'
+
+    async def body(server: HttpServer) -> None:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(stalled, ("127.0.0.1", server.port))
+        stalled.sendall(post("/hold", large))
+        await wait_until(lambda: server.working == 1, "the first large request in its slot")
+        waiting = asyncio.create_task(exchange(server.port, post("/count", large), timeout=60))
+        await wait_until(lambda: server.body_bytes == 2 * len(large), "the second body read, waiting for the slot")
+        release.set()
+        status, headers, _ = await waiting
+        assert (status, headers["retry-after"]) == (503, "1") and counted == []
+        stalled.close()
+    with_server(body, routes, Limits(max_unsent_bytes=10 * MiB, write_timeout_s=30.0))
+
+
 # ---- idle connections at the cap ---------------------------------------------------------------
 def test_at_the_cap_a_new_connection_closes_the_one_idle_longest() -> None:
     seen: list[str] = []
