@@ -39,6 +39,7 @@ import structlog  # noqa: E402
 
 from bench.report import Report  # noqa: E402
 from bench.roots import SHARED, synthesized_root  # noqa: E402
+from memtopo.cli.controller import listener_routes  # noqa: E402
 from memtopo.controller.fleet import Hello  # noqa: E402
 from memtopo.controller.server import RunningController, start_controller  # noqa: E402
 from memtopo.discovery.discover import discover  # noqa: E402
@@ -93,7 +94,8 @@ class Controller:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.running: RunningController = self.call(start_controller("127.0.0.1:0", http="127.0.0.1:0"))
+        self.running: RunningController = self.call(start_controller("127.0.0.1:0", http="127.0.0.1:0",
+                                                                      http_routes=listener_routes))
 
     def call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

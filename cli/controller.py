@@ -1,7 +1,8 @@
 """``memtopo controller``: run the reference controller, or ask a running one.
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
-                       [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F] [--http-insecure]]
+                       [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F [--http-tls-client-ca F]]
+                        [--http-insecure] [--http-host NAME]...]
                        [--kube-api in-cluster|URL [--kube-refresh S]] [--log-level L] [--log-format json|console]
     memtopo controller nodes [--format text|json]
     memtopo controller topology NODE [--format text|json]
@@ -36,10 +37,13 @@ from memtopo.controller.defaults import (
     MAX_PLAN_TIMEOUT_S,
 )
 from memtopo.planner.names import FLEET_POLICIES
+from memtopo.text import shorten
 
 if TYPE_CHECKING:
     import grpc
 
+    from memtopo.controller.state import ControllerState
+    from memtopo.httpserve import Routes
     from memtopo.k8s.kubeapi import KubeApi
     from memtopo.v1 import agent_pb2 as apb
     from memtopo.v1 import plan_pb2 as planpb
@@ -137,8 +141,14 @@ def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
                         f"and the fleet page (default {DEFAULT_HTTP}; '' disables); plaintext only on loopback")
     p.add_argument("--http-tls-cert", default=default(""), help="HTTP listener certificate (PEM)")
     p.add_argument("--http-tls-key", default=default(""), help="HTTP listener private key (PEM)")
+    p.add_argument("--http-tls-client-ca", default=default(""), metavar="F",
+                   help="CA for HTTP client certificates: a client that presents one must present one it signed, "
+                        "and routes see its subject (clients without one are still served)")
     p.add_argument("--http-insecure", action="store_true", default=default(False),  # type: ignore[arg-type]
                    help="serve plaintext HTTP off loopback (only behind a network that is trusted)")
+    p.add_argument("--http-host", action="append", default=default([]), metavar="NAME",  # type: ignore[arg-type]
+                   help="a name clients use for the HTTP listener (a Service's DNS name): accepted in Host "
+                        "besides IP addresses, localhost and --http's own host; repeatable")
     p.add_argument("--kube-api", default=default(""), metavar="in-cluster|URL",
                    help="the Kubernetes API server the scheduler extender binds through and reads bound pods "
                         "from: in-cluster (the pod's service account) or a URL such as kubectl proxy's "
@@ -187,6 +197,7 @@ def _exits(fn: Command) -> Command:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    from memtopo.addresses import is_host_name
     from memtopo.controller.server import (
         ControllerConfigError,
         http_ssl_context,
@@ -203,16 +214,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     http_cert, http_key = getattr(args, "http_tls_cert", ""), getattr(args, "http_tls_key", "")
     if bool(http_cert) != bool(http_key):
         raise ControllerConfigError("--http-tls-cert and --http-tls-key go together")
-    http_ssl = http_ssl_context(http_cert, http_key) if http_cert else None
+    http_ca = getattr(args, "http_tls_client_ca", "")
+    if http_ca and not http_cert:
+        raise ControllerConfigError("--http-tls-client-ca needs --http-tls-cert and --http-tls-key")
+    http_ssl = http_ssl_context(http_cert, http_key, http_ca) if http_cert else None
     kube = _kube_api(getattr(args, "kube_api", ""))
     refresh = float(getattr(args, "kube_refresh", 10.0))
     if not 0.1 <= refresh <= 3600:
         raise ControllerConfigError("--kube-refresh: 0.1 to 3600 seconds")
+    hosts = tuple(getattr(args, "http_host", None) or ())
+    for name in hosts:
+        if not is_host_name(name):
+            raise ControllerConfigError(f"--http-host {shorten(name)!r}: not a host name")
     configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
     asyncio.run(serve_until_signalled(args.listen, creds, http=getattr(args, "http", DEFAULT_HTTP) or None,
                                       http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False)),
-                                      kube=kube, kube_refresh_s=refresh))
+                                      http_routes=listener_routes, http_hosts=hosts, kube=kube,
+                                      kube_refresh_s=refresh))
     return EXIT_OK
+
+
+def listener_routes(routes: Routes, state: ControllerState) -> None:
+    """What the controller's HTTP listener serves, put together here: the controller's own /healthz
+    and /metrics, the scheduler extender's verbs, and the fleet page (which shows the devices the
+    extender handed out). The controller imports neither of the others."""
+    from memtopo.controller import extender
+    from memtopo.controller.routes import install_core
+    from memtopo.fleetpage import page
+
+    install_core(routes, state)
+    extender.install(routes, state)
+    handed_out: extender.Extender = state.extender
+    page.install(routes, state, in_use=handed_out.in_use)
 
 
 def _kube_api(value: str) -> KubeApi | None:

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final, Protocol
 
-from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.state import ControllerState
+from memtopo.httpserve import HttpError, Request, Response, Routes
 from memtopo.k8s import enforcement, kubeapi, quantity
 from memtopo.k8s import names as k8s_names
 from memtopo.k8s.kubeapi import KubeApi, KubeApiError
@@ -486,9 +486,9 @@ class Extender:
             failure: str | None = None
             try:
                 try:
-                    args = json.loads(request.body)
-                except (ValueError, RecursionError) as exc:
-                    raise ExtenderError("invalid_json", f"the body is not JSON: {shorten(str(exc), 80)}") from None
+                    args = await request.json()  # a large body is decoded off the loop
+                except HttpError as exc:
+                    raise ExtenderError("invalid_json", exc.message) from None
                 if not isinstance(args, dict):
                     wanted = "ExtenderBindingArgs" if verb == "bind" else "ExtenderArgs"
                     raise ExtenderError("invalid_json", f"the body is not a JSON object ({verb} takes {wanted})")

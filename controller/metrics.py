@@ -7,7 +7,7 @@ in one process). Fleet sizes are read from the fleet at scrape time, so they are
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -15,6 +15,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.registry import Collector
 
 from memtopo.controller.fleet import Fleet
+
+if TYPE_CHECKING:
+    from memtopo.httpserve import Exchange
 
 PREFIX: Final = "memtopo_"
 # Extender verbs over thousands of nodes take milliseconds to tens of milliseconds; kube-scheduler's
@@ -57,6 +60,10 @@ class ControllerMetrics:
         self.http_duration = Histogram(PREFIX + "controller_http_request_duration_seconds",
                                        "HTTP request handling time (streams: until the stream starts)",
                                        ["route"], buckets=HTTP_BUCKETS, registry=self.registry)
+        self.http_connection_events = Counter(
+            PREFIX + "controller_http_connection_events",
+            "HTTP connections refused, evicted for a newer one, closed idle or at a deadline, answered busy",
+            ["event"], registry=self.registry)
         self.extender_requests = Counter(PREFIX + "extender_requests", "Scheduler-extender calls, by verb",
                                          ["verb"], registry=self.registry)
         self.extender_duration = Histogram(PREFIX + "extender_request_duration_seconds",
@@ -69,10 +76,13 @@ class ControllerMetrics:
     def watch(self, fleet: Fleet) -> None:
         self._fleet = fleet
 
-    def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
-        label = route or "(unrouted)"
-        self.http_requests.labels(label, method or "-", str(status)).inc()
-        self.http_duration.labels(label).observe(seconds)
+    def observe_http(self, exchange: Exchange) -> None:
+        label = exchange.route or "(unrouted)"
+        self.http_requests.labels(label, exchange.method or "-", str(exchange.status)).inc()
+        self.http_duration.labels(label).observe(exchange.seconds)
+
+    def observe_connection(self, event: str) -> None:
+        self.http_connection_events.labels(event).inc()
 
     def observe_verb(self, verb: str, seconds: float, failure: str | None) -> None:
         self.extender_requests.labels(verb).inc()

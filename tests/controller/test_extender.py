@@ -19,22 +19,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memtopo.cli.controller import listener_routes
 from memtopo.controller import extender as ext
 from memtopo.controller.fleet import Hello
-from memtopo.controller.http import MAX_BODY_BYTES
 from memtopo.controller.server import RunningController, start_controller
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
+from memtopo.httpserve import Limits
 from memtopo.k8s import kubeapi
 from memtopo.k8s.kubeapi import KubeApi
 from memtopo.planner import fleet
 from memtopo.planner.errors import PlanError
 from memtopo.v1 import topology_pb2 as pb
-from tests.controller.http_client import exchange, post
 from tests.controller.pods import npu_pod, pod
 from tests.fixtures import SYNTH as FIXTURES
 from tests.fixtures import extracted
 from tests.fleet_nodes import node, npu
+from tests.http_client import exchange, post
 from tests.k8s_standin import StandInApiServer
 
 
@@ -80,7 +81,7 @@ Body = Callable[[RunningController, int], Awaitable[None]]
 
 def with_fleet(nodes: list[fleet.FleetNode], body: Body, **kwargs: Any) -> None:
     async def main() -> None:
-        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", **kwargs)
+        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", http_routes=listener_routes, **kwargs)
         try:
             hold(running, nodes)
             assert running.http is not None
@@ -219,12 +220,12 @@ def test_the_body_limit_is_one_mebibyte() -> None:
     async def body(running: RunningController, port: int) -> None:
         names = [f"n{i:07d}" for i in range(200_000)]
         big = json.dumps(names_args(pod(), names)).encode()
-        assert len(big) > MAX_BODY_BYTES
+        assert len(big) > Limits.max_body_bytes
         status, _, text = await exchange(port, post("/scheduler/filter", big))
         # Refused before it is read; Go's case-insensitive decoder reads "error" as Error.
         assert status == 413 and "limit" in json.loads(text)["error"]
         fits = json.dumps(names_args(pod(), names[:60_000])).encode()
-        assert len(fits) <= MAX_BODY_BYTES
+        assert len(fits) <= Limits.max_body_bytes
         answer = await call(port, "filter", json.loads(fits))
         assert len(answer["NodeNames"]) == 60_000
     with_fleet([], body)
@@ -395,7 +396,7 @@ def test_bind_without_an_api_server_is_an_error_and_metrics_count_each_verb() ->
         assert "--kube-api" in (await call(port, "bind", binding_args("a", "u", "n1")))["Error"]
         await call(port, "filter", names_args(npu_pod(1), ["n1"]))
         await call(port, "filter", {"Pod": None})
-        _, _, raw = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        _, _, raw = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         text = raw.decode()
         assert 'memtopo_extender_requests_total{verb="filter"} 2.0' in text
         assert 'memtopo_extender_requests_total{verb="bind"} 1.0' in text
@@ -518,9 +519,9 @@ _args = st.dictionaries(st.sampled_from(["Pod", "pod", "Nodes", "NodeNames", "no
 @given(_args, st.sampled_from(["filter", "prioritize", "bind"]))
 def test_any_json_to_any_verb_is_an_answer_or_an_error_never_a_failure(args: dict[str, Any], verb: str) -> None:
     from memtopo.controller.fleet import Fleet as ControllerFleet
-    from memtopo.controller.http import Request
     from memtopo.controller.metrics import ControllerMetrics
     from memtopo.controller.state import ControllerState
+    from memtopo.httpserve import Request
 
     async def main() -> Any:
         f = ControllerFleet()

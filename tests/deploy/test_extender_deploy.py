@@ -21,7 +21,11 @@ COMPONENT = DEPLOY / "scheduler-extender"
 def test_the_scheduler_configuration_names_what_the_controller_serves() -> None:
     text = (COMPONENT / "kube-scheduler-config.yaml").read_text()
     port = DEFAULT_HTTP.rsplit(":", 1)[1]
-    assert re.search(rf"urlPrefix: https://[\w.-]+:{port}{PREFIX.rstrip('/')}\n", text)
+    found = re.search(rf"urlPrefix: https://([\w.-]+):{port}{PREFIX.rstrip('/')}\n", text)
+    assert found
+    # The name kube-scheduler uses is one the controller's listener accepts in Host (--http-host).
+    command = (COMPONENT / "controller-http.yaml").read_text()
+    assert f'"--http-host", "{found.group(1)}"' in command
     for key, verb in zip(("filterVerb", "prioritizeVerb", "bindVerb"), VERBS, strict=True):
         assert f"{key}: {verb}\n" in text
     assert "nodeCacheCapable: true" in text

@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from memtopo.addresses import parse_host_port
 from memtopo.agent.config import parse_config
-from memtopo.agent.health import parse_listen
 from memtopo.k8s.kubeapi import NRT_GROUP as GROUP
 from memtopo.k8s.kubeapi import NRT_RESOURCE as PLURAL
 from tests.kustomize import (
@@ -127,7 +127,7 @@ def test_the_daemonset_runs_the_configmaps_agent_with_its_mounts_probes_and_scra
     assert cfg.kubernetes.enabled and cfg.apply.cgroup_prefixes == () and not cfg.kubernetes.enforce
     assert cfg.listen.socket.startswith(mounts["run"]) and cfg.state_dir == mounts["state"]
     assert cfg.kubernetes.pod_resources_socket.startswith(mounts["pod-resources"] + "/")
-    _, port = parse_listen(cfg.health.listen)
+    _, port = parse_host_port(cfg.health.listen)
     assert [p["containerPort"] for p in c["ports"]] == [port]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     notes = ds["spec"]["template"]["metadata"]["annotations"]
@@ -212,4 +212,7 @@ def test_the_containerfile_installs_every_package_the_project_ships() -> None:
     for pattern in include:
         pkg = pattern.rstrip("*")
         assert f"COPY {pkg} ./{pkg}" in text, pkg
+    # memtopo/ links to each floor (memtopo/cli -> ../cli): a floor not copied is a dangling link in the image.
+    floors = sorted(p.name for p in (BASE.parents[1] / "memtopo").iterdir() if p.is_symlink())
+    assert "fleetpage" in floors and [f for f in floors if f"COPY {f} ./{f}" not in text] == []
     assert "'.[k8s" in text
