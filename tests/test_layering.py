@@ -53,6 +53,7 @@ KNOWN_BENCH_IMPORTS: frozenset[str] = frozenset({
     "bench/enforce.py imports tests.containerd",
     "bench/enforce.py imports tests.enforce_standins",
     "bench/enforce.py imports tests.k8s_standin",
+    "bench/hostile_roots.py imports tests.synth",
     "bench/informer.py imports tests.fixtures",
     "bench/informer.py imports tests.k8s_standin",
     "bench/podresources.py imports tests.fixtures",
