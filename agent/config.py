@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from memtopo.addresses import AddressError, is_loopback, parse_host_port
+from memtopo.addresses import AddressError, is_host_name, is_loopback, parse_host_port
 from memtopo.apply import cgroups
 from memtopo.apply.config import IRQBALANCE_POLICIES, ApplyConfig, IrqbalancePolicy
 from memtopo.hostfs import NotRegularFileError, read_regular
@@ -140,6 +140,8 @@ class DiscoveryConfig:
 class HealthConfig:
     # "host:port" of the HTTP /healthz, /readyz, /metrics endpoint; "" = disabled.
     listen: str = "127.0.0.1:9464"
+    # Names clients use for it, accepted in Host besides IP addresses and localhost.
+    hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -481,6 +483,15 @@ def _apply(t: _Table) -> ApplyConfig:
                        allow_self=t.boolean("allow_self", d.allow_self), cgroup_version=version)
 
 
+def _health(t: _Table) -> HealthConfig:
+    d = HealthConfig()
+    hosts = t.strings("hosts", d.hosts)
+    for host in hosts:
+        if not is_host_name(host):
+            raise t.error("hosts", f"{shorten(host)} is not a host name")
+    return HealthConfig(listen=t.listen_address("listen", d.listen), hosts=hosts)
+
+
 def _log(t: _Table) -> LogConfig:
     d = LogConfig()
     return LogConfig(level=t.choice("level", d.level, LOG_LEVELS), format=t.choice("format", d.format, LOG_FORMATS))
@@ -532,8 +543,7 @@ def parse_config(text: str, source: str) -> AgentConfig:
         listen=_listen(top.table("listen", _keys(ListenConfig))),
         controller=_controller(top.table("controller", _keys(ControllerConfig))),
         discovery=_discovery(top.table("discovery", _keys(DiscoveryConfig))),
-        health=HealthConfig(listen=top.table("health", _keys(HealthConfig)).listen_address(
-            "listen", HealthConfig().listen)),
+        health=_health(top.table("health", _keys(HealthConfig))),
         apply=_apply(top.table("apply", _APPLY_KEYS)),
         log=_log(top.table("log", _keys(LogConfig))),
         kubernetes=_kubernetes(top.table("kubernetes", _keys(KubernetesConfig))),

@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -38,13 +38,14 @@ from memtopo.discovery.changes import Change
 from memtopo.discovery.isolated import Discovered, DiscoveryHelper
 from memtopo.discovery.source import ProbeContext
 from memtopo.grpcserve import grpc_server
+from memtopo.httpserve import ListenError
 from memtopo.logs import Throttle, get_logger
 from memtopo.ports import AddressInUseError, check_free
 from memtopo.v1 import topology_pb2 as pb
 
 from . import peers, transport
 from .config import AgentConfig, ConfigError
-from .health import HealthListenError, HealthServer, LoopLiveness, start_health_server
+from .health import HealthServer, LoopLiveness, start_health_server
 from .link import ControllerLink, LinkState
 from .metrics import AgentMetrics, plan_outcome
 from .node_service import SERVICE_NAME, NodeAgentService, PlanRunner
@@ -222,6 +223,14 @@ class Agent:
         return await self._helper.discover(root, change=change, node_name=self.config.node_name,
                                            generation=generation, timeout=ISOLATED_DISCOVERY_LIMIT_SECONDS)
 
+    def _as_named(self, found: Discovered) -> Discovered:
+        """``found`` with the root the operator named: a tarball's temporary extraction directory
+        means nothing to a reader. The source root is outside the fingerprint, so only the bytes change."""
+        if self.config.root in ("", "/") or found.topology.source_root == self.config.root:
+            return found
+        found.topology.source_root = self.config.root
+        return replace(found, payload=found.topology.SerializeToString())
+
     def _start_discovery(self, ctx: ProbeContext, change: Change) -> asyncio.Future[Discovered]:
         """One discovery: in a child of the discovery helper (``discovery.isolate``; cancelling the
         future kills both), else on its own daemon thread. Not the loop's executor: a probe stuck in
@@ -292,7 +301,7 @@ class Agent:
                 self.discovery_overdue = False
                 self.metrics.discovery_overdue.set(0)
         try:
-            found = fut.result()
+            found = self._as_named(fut.result())
         except Exception as exc:  # a probe bug must not kill the agent: keep serving the last topology
             self.metrics.observe_discovery(time.perf_counter() - started, "error")
             log.error("discovery_failed", error=repr(exc), trigger=reasons)
@@ -420,7 +429,7 @@ class Agent:
             yield
         except SocketInUseError:
             raise
-        except (peers.TransportError, HealthListenError) as exc:
+        except (peers.TransportError, ListenError) as exc:
             raise ConfigError(key, str(exc), self.config.source) from None
 
     def _connection_event(self, what: str, limit: str) -> None:
@@ -461,7 +470,8 @@ class Agent:
         return ControllerLink(cfg.address, self.state, self.config.node_name or (cur.topology.node_name if cur else ""),
                               boot_id, plans.apply, credentials=creds, heartbeat_seconds=cfg.heartbeat_seconds,
                               backoff=Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds),
-                              on_state=on_state, on_reconnect=self.metrics.count_reconnect, version=VERSION)
+                              on_state=on_state, on_reconnect=self.metrics.count_reconnect, version=VERSION,
+                              stored_result=plans.result)
 
     # ---- main ---------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -497,7 +507,8 @@ class Agent:
     async def _run(self, started: list[Callable[[], Awaitable[None]]]) -> int:
         if self.config.health.listen:
             with self._config_key("health.listen"):
-                self.health_server = start_health_server(self.config.health.listen, self)
+                self.health_server = start_health_server(self.config.health.listen, self,
+                                                         hosts=self.config.health.hosts)
             started.append(self._stop_health)
         if self.sidecar is not None:
             # Before discovery: the controller is there when the link first dials it.
@@ -605,6 +616,7 @@ class Agent:
 
         return enforcer_for(self.config.kubernetes, self.config.node_name, fs, topology, self.pod_source,
                             self.pod_reporter, self.metrics.registry)
+
     async def _stop_health(self) -> None:
         if self.health_server is not None:
             self.health_server.stop()

@@ -39,13 +39,17 @@ _ANNOTATIONS: Final = (enforcement.PLACEMENT_ANNOTATION,)
 
 
 def _resources(value: object) -> object:
+    # Absent is no resources; any other value that is not an object is kept as it came, so that
+    # pod_view refuses it with the same reason as it would the whole pod.
     if not isinstance(value, Mapping):
-        return {} if value is None else value  # a wrong type stays, for pod_view to refuse
+        return {} if value is None else value
     out: dict[str, Any] = {}
     for key in ("requests", "limits"):
         amounts = value.get(key)
         if isinstance(amounts, Mapping):
             out[key] = {k: v for k, v in amounts.items() if k in _RESOURCES}
+        elif amounts is not None:
+            out[key] = amounts
     return out
 
 

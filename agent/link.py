@@ -2,7 +2,9 @@
 
 Protocol (docs/controller.md): hello first; the controller answers ack or snapshot_request; the
 agent sends a full snapshot on request and on every new generation, heartbeats between, and the
-result of every plan the controller sends down.
+result of every plan the controller sends down — again when that result changes on the node (a local
+``memtopo rollback`` of the plan): at each heartbeat the link reads the stored results of the last
+plans it reported and sends those whose state changed.
 
 Nothing queues without bound while disconnected: a topology is never queued at all, only the
 fact that the controller must get the latest one (the snapshot is read from the state at send
@@ -16,7 +18,7 @@ import asyncio
 import contextlib
 import enum
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -33,6 +35,8 @@ from .state import Published, TopologyState, now
 log = structlog.get_logger("memtopo.link")
 
 PlanHandler = Callable[[planpb.BindingPlan, bool], Awaitable[planpb.PlanResult]]
+# The result the node has stored for a plan id (None: none), read off the loop.
+StoredResult = Callable[[str], Awaitable[planpb.PlanResult | None]]
 
 # Keepalive pings notice a controller that vanished without closing the TCP connection.
 CHANNEL_OPTIONS = (
@@ -44,6 +48,8 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", 64 << 20),
 )
 MAX_PENDING_RESULTS = 256
+# Reported plans whose stored results are read again at each heartbeat (the fleet page shows 20).
+MAX_WATCHED_RESULTS = 32
 
 CONNECT = "/memtopo.v1.Controller/Connect"
 SNAPSHOT_FIELD = apb.AgentMessage.DESCRIPTOR.fields_by_name["snapshot"].number
@@ -66,7 +72,8 @@ class ControllerLink:
                  plans: PlanHandler, *, credentials: grpc.ChannelCredentials | None = None,
                  heartbeat_seconds: float = 10.0, backoff: Backoff | None = None,
                  on_state: Callable[[LinkState], None] | None = None,
-                 on_reconnect: Callable[[], None] | None = None, version: str = "") -> None:
+                 on_reconnect: Callable[[], None] | None = None, version: str = "",
+                 stored_result: StoredResult | None = None) -> None:
         self.address = address
         self.state = state
         self.node_name = node_name
@@ -84,6 +91,9 @@ class ControllerLink:
         self._snapshot_wanted = True
         self._sent_generation = 0
         self._results: deque[planpb.PlanResult] = deque(maxlen=MAX_PENDING_RESULTS)
+        self.stored_result = stored_result
+        # plan id → the state the controller was last told, newest last.
+        self._reported: OrderedDict[str, int] = OrderedDict()
         self._plan_tasks: set[asyncio.Task[None]] = set()
         self._rng = random.Random()  # noqa: S311 - jitter, not security
         self.sessions = 0
@@ -210,6 +220,29 @@ class ControllerLink:
         self._results.append(result)
         self._wake.set()
 
+    def _note_reported(self, result: planpb.PlanResult) -> None:
+        if result.state == planpb.PlanResult.STATE_DRY_RUN or not result.plan_id:
+            return  # the engine stores no dry run: nothing to watch
+        self._reported.pop(result.plan_id, None)
+        self._reported[result.plan_id] = result.state
+        while len(self._reported) > MAX_WATCHED_RESULTS:
+            self._reported.popitem(last=False)
+
+    async def _recheck_reported(self) -> None:
+        """Queue the stored results of reported plans whose state changed since they were sent."""
+        if self.stored_result is None or not self._reported:
+            return
+        for plan_id, told in list(self._reported.items()):
+            try:
+                stored = await self.stored_result(plan_id)
+            except Exception as exc:  # an unreadable result is the engine's to report, not the link's
+                log.debug("plan_result_recheck_failed", plan_id=plan_id, error=repr(exc))
+                continue
+            if stored is not None and stored.state != told and stored.state != planpb.PlanResult.STATE_UNSPECIFIED:
+                log.info("plan_result_changed", plan_id=plan_id, state=planpb.PlanResult.State.Name(stored.state))
+                self._reported[plan_id] = stored.state
+                self._results.append(stored)
+
     async def _write(self, call: LinkCall) -> None:
         loop = asyncio.get_running_loop()
         next_beat = loop.time() + self.heartbeat_seconds
@@ -227,9 +260,13 @@ class ControllerLink:
                 await call.write(embed(apb.AgentMessage(sent=now()).SerializeToString(), SNAPSHOT_FIELD, cur.payload))
                 log.debug("snapshot_sent", generation=cur.generation)
                 sent = True
+            if loop.time() >= next_beat:
+                await self._recheck_reported()
             while self._results:
-                await call.write(apb.AgentMessage(sent=now(), plan_result=self._results[0]))
+                result = self._results[0]
+                await call.write(apb.AgentMessage(sent=now(), plan_result=result))
                 self._results.popleft()
+                self._note_reported(result)
                 sent = True
             if not sent and loop.time() >= next_beat:
                 await call.write(apb.AgentMessage(sent=now(), heartbeat=apb.AgentHeartbeat(

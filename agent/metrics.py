@@ -226,9 +226,10 @@ class AgentMetrics:
             PREFIX + "watchers_stalled",
             "WatchTopology streams ended because an event did not leave within listen.watch_stall_seconds.",
             registry=reg)
-        self.health_connections_evicted = Counter(
-            PREFIX + "health_connections_evicted",
-            "Health endpoint connections closed to make room for a new one (oldest idle first).", registry=reg)
+        self.health_connection_events = Counter(
+            PREFIX + "health_connection_events",
+            "Health endpoint connections refused, closed for a newer one (the longest waiting first), "
+            "closed idle or at a deadline, answered busy.", ["event"], registry=reg)
         self.task_restarts = Counter(
             PREFIX + "agent_task_restarts",
             "Background tasks (rescan loop, controller link, Kubernetes publisher) started again after they "

@@ -188,7 +188,7 @@ class Extender:
             self.built.append(ext)
 
         self.running = self.call(start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
-                                                  http_routes=(install,)))
+                                                  http_routes=install))
         self.fleet = self.built[0].fleet
 
     def call(self, coro: Any) -> Any:

@@ -1,7 +1,8 @@
 """``memtopo controller``: run the reference controller, or ask a running one.
 
     memtopo controller [serve] [--listen 127.0.0.1:9470] [--tls-cert F --tls-key F [--tls-client-ca F]]
-                       [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F] [--http-insecure]]
+                       [--http 127.0.0.1:9471|'' [--http-tls-cert F --http-tls-key F [--http-tls-client-ca F]]
+                        [--http-insecure] [--http-host NAME]...]
                        [--kube-api in-cluster|URL [--kube-refresh S]] [--fleet agents|nrt [--nrt-max-age S]
                        [--claim-ttl S] [--score STRATEGY] [--score-weight RESOURCE=N]]
                        [--extender-client-ca F [--extender-allow-subject CN]] [--extender-token-file F]
@@ -39,11 +40,15 @@ from memtopo.controller.defaults import (
     MAX_PLAN_TIMEOUT_S,
 )
 from memtopo.planner.names import FLEET_POLICIES
+from memtopo.text import shorten
 
 if TYPE_CHECKING:
     import grpc
 
     from memtopo.cli.extender import ExtenderOptions
+    from memtopo.controller.server import RouteInstaller
+    from memtopo.controller.state import ControllerState
+    from memtopo.httpserve import Routes
     from memtopo.k8s.kubeapi import KubeApi
     from memtopo.v1 import agent_pb2 as apb
     from memtopo.v1 import plan_pb2 as planpb
@@ -141,8 +146,14 @@ def _serve_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
                         f"and the fleet page (default {DEFAULT_HTTP}; '' disables); plaintext only on loopback")
     p.add_argument("--http-tls-cert", default=default(""), help="HTTP listener certificate (PEM)")
     p.add_argument("--http-tls-key", default=default(""), help="HTTP listener private key (PEM)")
+    p.add_argument("--http-tls-client-ca", default=default(""), metavar="F",
+                   help="CA for HTTP client certificates: a client that presents one must present one it signed, "
+                        "and routes see its subject (clients without one are still served)")
     p.add_argument("--http-insecure", action="store_true", default=default(False),  # type: ignore[arg-type]
                    help="serve plaintext HTTP off loopback (only behind a network that is trusted)")
+    p.add_argument("--http-host", action="append", default=default([]), metavar="NAME",  # type: ignore[arg-type]
+                   help="a name clients use for the HTTP listener (a Service's DNS name): accepted in Host "
+                        "besides IP addresses, localhost and --http's own host; repeatable")
     p.add_argument("--kube-api", default=default(""), metavar="in-cluster|URL",
                    help="the Kubernetes API server the scheduler extender reads and binds through: in-cluster "
                         "(the pod's service account) or a URL such as kubectl proxy's http://127.0.0.1:8001 "
@@ -216,6 +227,7 @@ def _exits(fn: Command) -> Command:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    from memtopo.addresses import is_host_name
     from memtopo.controller.server import (
         ControllerConfigError,
         http_ssl_context,
@@ -232,17 +244,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     http_cert, http_key = getattr(args, "http_tls_cert", ""), getattr(args, "http_tls_key", "")
     if bool(http_cert) != bool(http_key):
         raise ControllerConfigError("--http-tls-cert and --http-tls-key go together")
-    client_ca = getattr(args, "extender_client_ca", "")
+    http_ca, extender_ca = getattr(args, "http_tls_client_ca", ""), getattr(args, "extender_client_ca", "")
+    if http_ca and extender_ca and http_ca != extender_ca:
+        raise ControllerConfigError("--http-tls-client-ca and --extender-client-ca name the one listener's client CA: "
+                                    "give one")
+    client_ca = extender_ca or http_ca
     if client_ca and not http_cert:
-        raise ControllerConfigError("--extender-client-ca needs --http-tls-cert and --http-tls-key")
+        flag = "--extender-client-ca" if extender_ca else "--http-tls-client-ca"
+        raise ControllerConfigError(f"{flag} needs --http-tls-cert and --http-tls-key")
     http_ssl = http_ssl_context(http_cert, http_key, client_ca) if http_cert else None
+    hosts = tuple(getattr(args, "http_host", None) or ())
+    for name in hosts:
+        if not is_host_name(name):
+            raise ControllerConfigError(f"--http-host {shorten(name)!r}: not a host name")
     options = _extender_options(args)
     configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "json"))
-    from memtopo.cli.extender import installer
-
     asyncio.run(serve_until_signalled(args.listen, creds, http=getattr(args, "http", DEFAULT_HTTP) or None,
                                       http_ssl=http_ssl, http_insecure=bool(getattr(args, "http_insecure", False)),
-                                      kube=options.kube, http_routes=(installer(options),)))
+                                      http_routes=listener_routes(options), http_hosts=hosts, kube=options.kube))
     return EXIT_OK
 
 
@@ -282,6 +301,25 @@ def _extender_options(args: argparse.Namespace) -> ExtenderOptions:
                            max_age=_seconds(args, "nrt_max_age", 120.0, 1, 86400),
                            claim_ttl=_seconds(args, "claim_ttl", 30.0, 1, 3600),
                            score=getattr(args, "score", "memtopo"), weights=weights)
+
+
+def listener_routes(options: ExtenderOptions) -> RouteInstaller:
+    """What the controller's HTTP listener serves, put together here: the controller's own /healthz and
+    /metrics, the scheduler extender's verbs (and its /readyz), and the fleet page, which shows the
+    devices the extender handed out. The controller imports neither of the others."""
+    from memtopo.cli.extender import installer
+    from memtopo.controller.routes import install_core
+    from memtopo.fleetpage import page
+
+    install_extender = installer(options)
+
+    def install(routes: Routes, state: ControllerState) -> None:
+        install_core(routes, state)
+        install_extender(routes, state)
+        handed_out = state.extender
+        page.install(routes, state, in_use=handed_out.in_use if handed_out is not None else None)
+
+    return install
 
 
 def _kube_api(value: str) -> KubeApi | None:

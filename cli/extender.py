@@ -15,11 +15,11 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from memtopo.controller.http import Request, Response, Routes
     from memtopo.controller.server import RouteInstaller
     from memtopo.controller.state import ControllerState
     from memtopo.extender.auth import Authenticator
     from memtopo.extender.service import Extender
+    from memtopo.httpserve import Request, Response, Routes
     from memtopo.k8s.kubeapi import KubeApi
 
 FLEETS: Final = ("agents", "nrt")
@@ -78,13 +78,13 @@ def build(options: ExtenderOptions, state: ControllerState) -> Extender:
 
 
 def add_routes(routes: Routes, extender: Extender, state: ControllerState) -> None:
-    from memtopo.controller.http import Response
     from memtopo.extender.auth import Caller
     from memtopo.extender.wire import PREFIX, VERBS
+    from memtopo.httpserve import Response
 
     def verb_route(verb: str) -> Any:
         async def handle(request: Request) -> Response:
-            caller = Caller.of(request.peer_cert, request.headers)
+            caller = Caller.of(request.client_subject, request.headers)
             status, answer = await extender.answer(verb, request.body, caller, request.peer)
             return Response.json(answer, status)
         return handle

@@ -130,12 +130,13 @@ class EmbeddedController:
     async def start(self) -> str:
         """Starts the controller; the address the agent's link dials."""
         from memtopo.agent.config import ConfigError
-        from memtopo.cli.extender import ExtenderOptions, installer
+        from memtopo.cli.controller import listener_routes
+        from memtopo.cli.extender import ExtenderOptions
         from memtopo.controller.server import ControllerConfigError, start_controller
 
         try:
             self._server = await start_controller(self.listen, http=self.http,
-                                                  http_routes=(installer(ExtenderOptions()),))
+                                                  http_routes=listener_routes(ExtenderOptions()))
         except ControllerConfigError as exc:
             key = "--controller-http" if "(HTTP)" in str(exc) else "--with-controller"
             raise ConfigError(key, str(exc), self.source) from None

@@ -8,7 +8,7 @@ own metrics on it. Fleet sizes are read from the fleet at scrape time, so they a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -16,6 +16,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.registry import Collector
 
 from memtopo.controller.fleet import Fleet
+
+if TYPE_CHECKING:
+    from memtopo.httpserve import Exchange
 
 PREFIX: Final = "memtopo_"
 HTTP_BUCKETS: Final = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
@@ -55,14 +58,21 @@ class ControllerMetrics:
         self.http_duration = Histogram(PREFIX + "controller_http_request_duration_seconds",
                                        "HTTP request handling time (streams: until the stream starts)",
                                        ["route"], buckets=HTTP_BUCKETS, registry=self.registry)
+        self.http_connection_events = Counter(
+            PREFIX + "controller_http_connection_events",
+            "HTTP connections refused, evicted for a newer one, closed idle or at a deadline, answered busy",
+            ["event"], registry=self.registry)
 
     def watch(self, fleet: Fleet) -> None:
         self._fleet = fleet
 
-    def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
-        label = route or "(unrouted)"
-        self.http_requests.labels(label, method or "-", str(status)).inc()
-        self.http_duration.labels(label).observe(seconds)
+    def observe_http(self, exchange: Exchange) -> None:
+        label = exchange.route or "(unrouted)"
+        self.http_requests.labels(label, exchange.method or "-", str(exchange.status)).inc()
+        self.http_duration.labels(label).observe(exchange.seconds)
+
+    def observe_connection(self, event: str) -> None:
+        self.http_connection_events.labels(event).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4

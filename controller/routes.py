@@ -1,20 +1,13 @@
-"""Every route of the controller's own features on its HTTP listener. A feature of the controller adds
-one ``install(routes, state)`` call to ``install_routes``; one the controller must not import (the
-scheduler extender) is put together with it by the command that runs both (``start_http``'s
-``installers``). ``docs/controller-http.md`` says how to write a handler."""
+"""The controller's own routes on its HTTP listener: ``/healthz`` and ``/metrics``. What else the
+listener serves (the scheduler extender, the fleet page) is put together by the entry point that
+starts it (``cli/controller.py``); ``docs/controller-http.md`` says how to write a handler."""
 
 from __future__ import annotations
 
 from http import HTTPStatus
 
-from memtopo.controller import fleet_page
-from memtopo.controller.http import Request, Response, Routes
 from memtopo.controller.state import ControllerState
-
-
-def install_routes(routes: Routes, state: ControllerState) -> None:
-    install_core(routes, state)
-    fleet_page.install(routes, state)
+from memtopo.httpserve import Request, Response, Routes
 
 
 def install_core(routes: Routes, state: ControllerState) -> None:

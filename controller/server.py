@@ -6,7 +6,8 @@ this module only moves messages. Each link has a small outbox instead of a queue
 and at most one snapshot request are slots that coalesce, and plans are bounded by the number of
 plans in flight per node, so a slow or stuck agent never makes the controller's memory grow.
 
-``memtopo controller serve`` (controller/cli.py) runs it until SIGTERM/SIGINT.
+``memtopo controller serve`` (cli/controller.py) runs it until SIGTERM/SIGINT, and says what its HTTP
+listener serves.
 """
 
 from __future__ import annotations
@@ -46,15 +47,16 @@ from memtopo.v1 import plan_pb2 as planpb
 from memtopo.wire import field_bytes
 
 if TYPE_CHECKING:
-    # The HTTP side (prometheus_client, the planners, the Kubernetes client) is imported when a
-    # controller starts, not by every command that imports this module (`memtopo --help`).
-    from memtopo.controller.http import HttpServer, Routes
+    # The HTTP side (prometheus_client, the server, whatever routes the entry point installs, the
+    # Kubernetes client) is imported when a controller starts, not by every command that imports this
+    # module (`memtopo --help`).
     from memtopo.controller.state import ControllerState
+    from memtopo.httpserve import HttpServer, Limits, Routes
     from memtopo.k8s.kubeapi import KubeApi
 
-    # A feature's routes, put together with the controller by the command that runs it (the
-    # scheduler extender's verbs): called once, on the controller's loop, with its HTTP routes.
-    RouteInstaller = Callable[[Routes, ControllerState], None]
+# What the HTTP listener serves: installs routes for this controller's state. The entry point
+# composes it (cli/controller.py); the default is the controller's own /healthz and /metrics.
+RouteInstaller = Callable[["Routes", "ControllerState"], None]
 
 log = get_logger(component="controller")
 
@@ -463,7 +465,7 @@ class RunningController:
     health: Any
     hub: _Hub
     address: str
-    # The HTTP listener (extender, /metrics, /healthz, the fleet page); None when not asked for.
+    # The HTTP listener (/healthz, /metrics and what the entry point installed); None when not asked for.
     http: HttpServer | None = None
 
     @property
@@ -496,44 +498,41 @@ def _bound_address(listen: str, port: int) -> str:
 
 
 async def start_http(state: ControllerState, address: str, ssl_context: ssl.SSLContext | None = None,
-                     *, insecure: bool = False, installers: Sequence[RouteInstaller] = ()) -> HttpServer:
-    """The HTTP listener on ``address`` (host:port) with every route of controller/routes.py and those
-    of ``installers``. Plaintext only on loopback unless ``insecure`` (a feature's route may change the
-    cluster: the scheduler extender's bind)."""
+                     *, insecure: bool = False, install: RouteInstaller | None = None, hosts: Sequence[str] = (),
+                     limits: Limits | None = None) -> HttpServer:
+    """The HTTP listener on ``address`` (host:port) serving what ``install`` puts on its routes
+    (default: the controller's /healthz and /metrics). Plaintext only on loopback unless ``insecure``
+    (routes that change the cluster may be served). ``hosts``: names accepted in ``Host`` besides IP
+    literals, ``localhost`` and the address's own host name."""
     try:
-        host, port = parse_host_port(address)
+        host, _ = parse_host_port(address)
     except AddressError as exc:
         raise ControllerConfigError(f"--http: {exc}") from exc
     if ssl_context is None and not insecure and not is_loopback(address):
         raise ControllerConfigError(f"--http {address}: plaintext HTTP is only served on loopback; give "
                                     "--http-tls-cert/--http-tls-key (or --http-insecure behind a trusted network)")
-    from memtopo.controller.http import HttpServer, Routes
-    from memtopo.controller.routes import install_routes
+    from memtopo.controller.routes import install_core
+    from memtopo.httpserve import HttpServer, Limits, ListenError, Routes, bind
 
     table = Routes()
-    install_routes(table, state)
-    for install in installers:
-        install(table, state)
-    server = HttpServer(table, observer=state.metrics.observe_http)
+    (install or install_core)(table, state)
+    server = HttpServer(table, limits or Limits(), name="memtopo-controller", hosts=(host, *hosts),
+                        observer=state.metrics.observe_http, on_event=state.metrics.observe_connection)
     try:
-        await server.start(host, port, ssl_context)
-    except OSError as exc:
-        raise ControllerConfigError(f"cannot listen on {address} (HTTP): {exc.strerror or exc}") from exc
-    log.info("controller_http_listening", address=server.address, tls=ssl_context is not None)
+        await server.start(bind(address), ssl_context)
+    except ListenError as exc:
+        raise ControllerConfigError(f"HTTP listener: {exc}") from exc
+    log.info("controller_http_listening", address=server.address, tls=ssl_context is not None,
+             routes=len(table.paths()))
     return server
 
 
 def http_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
-    """A server TLS context from PEM files; ControllerConfigError when they cannot be loaded. With
-    ``client_ca``, a client may present a certificate, which must then verify against it: the
-    request carries its subject (``Request.peer_cert``) for the routes that require one (the
-    extender's verbs), while the others (``/healthz``, the fleet page) still answer without."""
+    """A server TLS context from PEM files; with ``client_ca``, client certificates are verified
+    against it (requests then carry their subject; routes decide what a client without one may do).
+    ControllerConfigError when they cannot be loaded."""
     try:
-        context = tls.server_context(cert, key)
-        if client_ca:
-            context.load_verify_locations(cafile=client_ca)
-            context.verify_mode = ssl.CERT_OPTIONAL
-        return context
+        return tls.server_context(cert, key, client_ca=client_ca or None)
     except tls.TlsError as exc:
         raise ControllerConfigError(f"HTTP {exc}") from None
     except (OSError, ssl.SSLError) as exc:
@@ -542,12 +541,12 @@ def http_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext
 
 async def start_controller(listen: str, credentials: grpc.ServerCredentials | None = None, *,
                            http: str | None = None, http_ssl: ssl.SSLContext | None = None,
-                           http_insecure: bool = False, kube: KubeApi | None = None,
-                           http_routes: Sequence[RouteInstaller] = ()) -> RunningController:
+                           http_insecure: bool = False, http_routes: RouteInstaller | None = None,
+                           http_hosts: Sequence[str] = (), kube: KubeApi | None = None) -> RunningController:
     """Serve Controller, ControllerAdmin, health and reflection on ``listen`` (host:port, port 0 =
     any, or unix:PATH). Plaintext only on loopback; elsewhere ``credentials`` (grpc.ServerCredentials)
-    are required. ``http`` (host:port) also opens the HTTP listener (see ``start_http``).
-    ControllerConfigError when an address is refused or cannot be bound."""
+    are required. ``http`` (host:port) also opens the HTTP listener with ``http_routes`` (see
+    ``start_http``). ControllerConfigError when an address is refused or cannot be bound."""
     check_address(listen)
     if credentials is None and not is_loopback(listen):
         raise ControllerConfigError(f"{listen}: plaintext is only served on loopback; give TLS credentials")
@@ -574,8 +573,8 @@ async def start_controller(listen: str, credentials: grpc.ServerCredentials | No
     http_server = None
     if http:
         try:
-            http_server = await start_http(hub.state, http, http_ssl, insecure=http_insecure,
-                                           installers=http_routes)
+            http_server = await start_http(hub.state, http, http_ssl, insecure=http_insecure, install=http_routes,
+                                           hosts=http_hosts)
         except ControllerConfigError:
             await server.stop(None)
             raise
@@ -597,7 +596,8 @@ def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerC
 async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials | None, grace: float = 5.0,
                                 signals: Iterable[int] | None = None, *, http: str | None = None,
                                 http_ssl: ssl.SSLContext | None = None, http_insecure: bool = False,
-                                kube: KubeApi | None = None, http_routes: Sequence[RouteInstaller] = ()) -> None:
+                                http_routes: RouteInstaller | None = None, http_hosts: Sequence[str] = (),
+                                kube: KubeApi | None = None) -> None:
     """Run until SIGTERM/SIGINT, then stop gracefully."""
     import signal
 
@@ -610,7 +610,8 @@ async def serve_until_signalled(listen: str, credentials: grpc.ServerCredentials
         loop.add_signal_handler(sig, stop.set)
     try:
         running = await start_controller(listen, credentials, http=http, http_ssl=http_ssl,
-                                         http_insecure=http_insecure, kube=kube, http_routes=http_routes)
+                                         http_insecure=http_insecure, http_routes=http_routes,
+                                         http_hosts=http_hosts, kube=kube)
         try:
             await stop.wait()
         finally:

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from memtopo.text import shorten
 
@@ -39,20 +39,33 @@ class Caller:
     token: str | None = None
 
     @classmethod
-    def of(cls, peer_cert: Mapping[str, Any] | None, headers: Mapping[str, str]) -> Caller:
-        return cls(common_name(peer_cert), bearer(headers))
+    def of(cls, client_subject: str | None, headers: Mapping[str, str]) -> Caller:
+        """From the listener's verified client certificate subject (``CN=…,O=…``) and the headers."""
+        return cls(common_name(client_subject), bearer(headers))
 
 
-def common_name(peer_cert: Mapping[str, Any] | None) -> str | None:
-    """The subject CN of ``ssl.SSLSocket.getpeercert()``'s dict (the last one when there are several)."""
-    if not peer_cert:
+def common_name(subject: str | None) -> str | None:
+    """The subject CN of a verified certificate's subject written as ``CN=a,O=b`` with RFC 4514
+    escapes (the last CN when there are several; "" when it has none; None without a certificate)."""
+    if subject is None:
         return None
     found: str | None = None
-    subject = peer_cert.get("subject")
-    for rdn in subject if isinstance(subject, tuple | list) else ():
-        for pair in rdn if isinstance(rdn, tuple | list) else ():
-            if isinstance(pair, tuple | list) and len(pair) == 2 and pair[0] == "commonName":
-                found = str(pair[1])
+    parts: list[str] = []
+    current: list[str] = []
+    chars = iter(subject)
+    for c in chars:
+        if c == "\\":
+            current.append(next(chars, ""))
+        elif c == ",":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+    parts.append("".join(current))
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if eq and key == "CN":
+            found = value
     return found if found is not None else ""
 
 

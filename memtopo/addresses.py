@@ -16,7 +16,8 @@ class AddressError(ValueError):
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
-def _valid_hostname(host: str) -> bool:
+def is_host_name(host: str) -> bool:
+    """Whether ``host`` is a DNS name (labels of letters, digits and inner hyphens, at most 253 chars)."""
     return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in host.removesuffix(".").split("."))
 
 
@@ -40,7 +41,7 @@ def parse_host_port(s: str) -> tuple[str, int]:
             raise AddressError(f"{shorten(s)}: an IPv6 address needs brackets: [{host}]:{port_text}")
         if not host:
             raise AddressError(f"{shorten(s)}: no host (0.0.0.0:PORT or [::]:PORT for every interface)")
-        if not _valid_hostname(host):
+        if not is_host_name(host):
             raise AddressError(f"{shorten(s)}: {shorten(host)} is not a host name or address")
     # isdecimal() also takes other scripts' digits, which int() would accept.
     if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) or int(port_text) > 65535:

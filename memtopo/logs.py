@@ -114,9 +114,11 @@ def get_logger(**bound: object) -> FilteringBoundLogger:
 
 
 class Throttle:
-    """At most one log event per key per ``interval`` seconds. ``allow(key)`` returns None while a
-    key is quiet (the call is counted), else how many calls were held back since its last event
-    (0 the first time), for the event to carry. Keys beyond ``max_keys`` evict the oldest, so a
+    """At most one log event per key (a peer and what it did) per ``interval`` seconds, so a client
+    repeating itself cannot flood the journal: every listener uses it (the agent's gRPC front and
+    services, the HTTP server). ``allow(key)`` returns None while a key is quiet (the call is
+    counted), else how many calls were held back since its last event (0 the first time), for the
+    event to carry. Keys beyond ``max_keys`` evict the oldest, so a
     peer inventing new keys cannot grow it. Thread-safe."""
 
     def __init__(self, interval: float = 60.0, max_keys: int = 1024,

@@ -39,7 +39,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "agent": frozenset({"discovery", "apply", "k8s"}),
     "controller": frozenset({"planner", "draw", "k8s"}),
     "extender": frozenset({"planner", "k8s"}),
-    "cli": frozenset({"discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "extender"}),
+    "fleetpage": frozenset({"controller", "planner", "draw"}),
+    "cli": frozenset({"discovery", "planner", "apply", "draw", "k8s", "agent", "controller", "extender",
+                      "fleetpage"}),
 }
 
 # ---- KNOWN VIOLATIONS ------------------------------------------------------------------------------
@@ -375,6 +377,7 @@ HOST_GROUND: dict[str, str] = {
     "memtopo.hostinfo": "reads the host name and /proc/self/status",
     "memtopo.tls": "loads certificate and key files",
     "memtopo.grpcserve": "opens gRPC servers",
+    "memtopo.httpserve": "opens HTTP servers",
     "memtopo.ports": "binds sockets to learn whether a server could listen",
     "memtopo.logs": "configures the process's logging and writes events to stdout",
 }

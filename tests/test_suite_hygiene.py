@@ -59,8 +59,8 @@ CITATION = re.compile(
     )),
     re.IGNORECASE,
 )
-PACKAGE_FOLDERS = ("discovery", "planner", "apply", "agent", "controller", "cli", "draw", "k8s", "bench", "tools",
-                   "tests", "memtopo", "proto")
+PACKAGE_FOLDERS = ("discovery", "planner", "apply", "agent", "controller", "fleetpage", "cli", "draw", "k8s", "bench",
+                   "tools", "tests", "memtopo", "proto")
 SOURCE_SUFFIXES = (".py", ".pyi", ".proto")
 
 

@@ -22,6 +22,7 @@ BENCHES=(
   "footprint|bench/footprint.py --idle-seconds 10"
   "hostile_clients health|bench/hostile_clients.py health --probes 100"
   "hostile_clients watchers|bench/hostile_clients.py watchers --settle 5"
+  "hostile_clients http|bench/hostile_clients.py http --impls memtopo aiohttp --probes 100"
   "hostile_roots|bench/hostile_roots.py"
   "planner|bench/planner.py --repeat 5"
   "rpc|bench/rpc.py --repeat 3 --seconds 0.5"

@@ -18,7 +18,8 @@ timed lab-setup . tools/lab_gate.sh
 # Bytecode for the checkout once, before anything starts Python: every test process (and the lab's
 # guests, which read this checkout) would otherwise compile the same modules again, since a
 # PYTHONDONTWRITEBYTECODE environment keeps each from saving what it compiled.
-timed bytecode .venv/bin/python -m compileall -q -j 0 memtopo discovery planner apply agent controller cli draw k8s extender \
+timed bytecode .venv/bin/python -m compileall -q -j 0 memtopo discovery planner apply agent controller extender fleetpage \
+  cli draw k8s \
   tests bench >/dev/null
 
 static=$(mktemp); trap 'rm -f "$static"' EXIT

@@ -1,4 +1,5 @@
-"""The HTTP health endpoint over real sockets: /healthz, /readyz, /metrics, methods, errors, shutdown."""
+"""The HTTP health endpoint over real sockets: /healthz, /readyz, /metrics, methods, errors, shutdown,
+and the health port's own limits (memtopo.httpserve.HEALTH_LIMITS)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import structlog
-from hypothesis import given
-from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from memtopo.agent.health import HealthListenError, HealthServer, LoopLiveness, parse_listen, start_health_server
+from memtopo.agent.health import HealthServer, LoopLiveness, start_health_server
 from memtopo.agent.metrics import AgentMetrics
+from memtopo.httpserve import HEALTH_LIMITS, ListenError
 from memtopo.logs import configure_logging
 
 
@@ -164,7 +164,7 @@ def test_query_strings_are_ignored(server: HealthServer, source: Source) -> None
 def test_unknown_paths_are_404_and_other_methods_405(server: HealthServer) -> None:
     r = request(server, "/")
     assert r.status == 404
-    assert r.json() == {"status": "error", "error": "not found", "paths": ["/healthz", "/readyz", "/metrics"]}
+    assert r.json() == {"status": "error", "error": "no such path", "paths": ["/healthz", "/readyz", "/metrics"]}
     assert request(server, "/healthz/").status == 404
     for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
         r = request(server, "/healthz", method=method)
@@ -275,7 +275,7 @@ def test_stop_is_idempotent_and_frees_the_port(source: Source) -> None:
 
 
 def test_a_port_in_use_is_a_clear_error(server: HealthServer, source: Source) -> None:
-    with pytest.raises(HealthListenError, match=rf"127\.0\.0\.1:{server.port}'.*cannot listen"):
+    with pytest.raises(ListenError, match=rf"127\.0\.0\.1:{server.port}: cannot listen: .*in use"):
         start_health_server(f"127.0.0.1:{server.port}", source)
 
 
@@ -284,7 +284,7 @@ def test_ipv6_loopback(source: Source) -> None:
         pytest.skip("no IPv6 in this kernel")
     try:
         srv = start_health_server("[::1]:0", source)
-    except HealthListenError as exc:
+    except ListenError as exc:
         pytest.skip(f"no IPv6 loopback here: {exc}")
     try:
         assert srv.host == "::1"
@@ -294,43 +294,37 @@ def test_ipv6_loopback(source: Source) -> None:
         srv.stop()
 
 
-@pytest.mark.parametrize(("listen", "expected"), [
-    ("127.0.0.1:9464", ("127.0.0.1", 9464)),
-    ("localhost:0", ("localhost", 0)),
-    ("[::1]:9464", ("::1", 9464)),
-    ("0.0.0.0:65535", ("0.0.0.0", 65535)),
-])
-def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
-    assert parse_listen(listen) == expected
-
-
 @pytest.mark.parametrize(("listen", "reason"), [
-    ("", "not host:port"),
-    ("9464", "not host:port"),
-    (":9464", "not host:port"),
-    ("127.0.0.1:", "port must be"),
-    ("127.0.0.1:http", "port must be"),
-    ("127.0.0.1:65536", "port must be"),
-    ("127.0.0.1:-1", "port must be"),
+    ("", "expected HOST:PORT"),
+    ("9464", "expected HOST:PORT"),
+    (":9464", "no host"),
+    ("127.0.0.1:", "port  is not a number"),
+    ("127.0.0.1:http", "port http is not a number"),
+    ("127.0.0.1:65536", "is not a number 0-65535"),
     ("::1:9464", "needs brackets"),
-    ("[]:9464", "port must be"),
-    ("127.0.0.1:٣", "port must be"),  # a non-ASCII digit: isdigit() alone would accept it
+    ("[]:9464", "is not an IPv6 address"),
+    ("127.0.0.1:٣", "is not a number"),  # a non-ASCII digit: isdigit() alone would accept it
 ])
-def test_parse_listen_refuses(listen: str, reason: str) -> None:
-    with pytest.raises(HealthListenError, match=reason):
-        parse_listen(listen)
+def test_a_malformed_listen_address_is_refused_naming_it(listen: str, reason: str, source: Source) -> None:
+    with pytest.raises(ListenError, match=reason):
+        start_health_server(listen, source)
 
 
-@given(st.text(max_size=40))
-def test_parse_listen_never_crashes(listen: str) -> None:
+def test_only_names_the_endpoint_was_given_may_address_it(source: Source) -> None:
+    """A page under a DNS-rebinding name (its own name, resolving here) reads nothing: 421."""
+    source.liveness.tick()
+    srv = start_health_server("127.0.0.1:0", source, hosts=("node-1.example",))
     try:
-        host, port = parse_listen(listen)
-    except HealthListenError as exc:
-        assert repr(listen) in str(exc)
-    else:
-        assert host and 0 <= port <= 65535
-        assert int(listen.rpartition(":")[2]) == port
-        assert ":" not in host or listen.startswith(f"[{host}]:")
+        for host, status in (("rebind.attacker.example", 421), ("node-1.example", 200), ("127.0.0.1", 200),
+                             ("localhost", 200)):
+            with socket.create_connection((srv.host, srv.port), timeout=10) as s:
+                s.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}:{srv.port}\r\nConnection: close\r\n\r\n".encode())
+                data = b""
+                while chunk := s.recv(4096):
+                    data += chunk
+            assert data.startswith(f"HTTP/1.1 {status} ".encode()), (host, data[:60])
+    finally:
+        srv.stop()
 
 
 def test_liveness_needs_a_positive_limit() -> None:
@@ -355,7 +349,7 @@ def test_idle_and_slow_connections_cost_no_thread(server: HealthServer, source: 
     them all, and a probe is still answered. The old server spent a thread on each."""
     source.liveness.tick()
     threads_before = threading.active_count()
-    held = _hold(server, 100, b"GET /healthz HTTP/1.1\r\nHost: x\r\n") + _hold(server, 100)
+    held = _hold(server, 100, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n") + _hold(server, 100)
     try:
         deadline = time.monotonic() + 30
         while server.connections < 200 and time.monotonic() < deadline:
@@ -370,11 +364,7 @@ def test_idle_and_slow_connections_cost_no_thread(server: HealthServer, source: 
 
 def test_a_full_server_closes_the_oldest_connection_for_a_new_one(source: Source) -> None:
     source.liveness.tick()
-    from memtopo.agent import health
-
-    sock = socket.create_server(("127.0.0.1", 0))
-    sock.setblocking(False)
-    srv = health.HealthServer(sock, source, max_connections=4)
+    srv = start_health_server("127.0.0.1:0", source, limits=replace(HEALTH_LIMITS, max_connections=4))
     try:
         held = _hold(srv, 4, b"GET /")
         deadline = time.monotonic() + 30
@@ -383,7 +373,8 @@ def test_a_full_server_closes_the_oldest_connection_for_a_new_one(source: Source
         assert request(srv, "/healthz").status == 200  # the cap is full, the probe still gets in
         held[0].settimeout(10)
         assert held[0].recv(100) == b""  # the oldest one was closed to make room
-        evicted = source.metrics.registry.get_sample_value("memtopo_health_connections_evicted_total")
+        evicted = source.metrics.registry.get_sample_value("memtopo_health_connection_events_total",
+                                                           {"event": "evicted"})
         assert evicted is not None and evicted >= 1
         for s in held:
             s.close()
@@ -392,11 +383,7 @@ def test_a_full_server_closes_the_oldest_connection_for_a_new_one(source: Source
 
 
 def test_a_connection_that_never_finishes_its_request_is_closed(source: Source) -> None:
-    from memtopo.agent import health
-
-    sock = socket.create_server(("127.0.0.1", 0))
-    sock.setblocking(False)
-    srv = health.HealthServer(sock, source, idle_seconds=0.2)
+    srv = start_health_server("127.0.0.1:0", source, limits=replace(HEALTH_LIMITS, head_timeout_s=0.2))
     try:
         s = socket.create_connection((srv.host, srv.port), timeout=30)
         s.sendall(b"GET /healthz HTTP/1.1\r\n")

@@ -276,7 +276,7 @@ def test_slow_health_clients_cost_no_thread_each(workdir: Path, root: Path) -> N
         for i in range(250):
             s = socket.create_connection(("127.0.0.1", agent.health_port), timeout=10)
             if i % 2:
-                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # a head never finished
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a head never finished
             held.append(s)
         time.sleep(1.0)
         assert agent.http("/healthz")[0] == 200

@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bench.k8s_standin import StandInApiServer
@@ -156,9 +156,9 @@ def test_compact_pods_keep_only_what_the_enforcement_reads() -> None:
 
 
 _QUANTITY = st.sampled_from(["1", "2", "500m", "1500m", "0", "1Gi", "64Mi", "2.5", "-1", "lots", 3, None])
-_RESOURCES = st.fixed_dictionaries({}, optional={
-    "limits": st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), _QUANTITY, max_size=3),
-    "requests": st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), _QUANTITY, max_size=3)})
+_AMOUNTS = st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), _QUANTITY, max_size=3)
+_RESOURCES = st.fixed_dictionaries({}, optional={"limits": _AMOUNTS | st.just("junk"),
+                                                 "requests": _AMOUNTS | st.none()})
 _CONTAINER = st.fixed_dictionaries({"name": st.sampled_from(["app", "side", "init", "", None]),
                                     "resources": _RESOURCES | st.none() | st.just("junk")})
 _POD = st.fixed_dictionaries({
@@ -174,6 +174,13 @@ _POD = st.fixed_dictionaries({
 })
 
 
+def _one_container(resources: object) -> dict[str, Any]:
+    return {"metadata": {"uid": "u1", "name": "p", "namespace": "ml"},
+            "spec": {"containers": [{"name": "app", "resources": resources}]}, "status": {}}
+
+
 @given(_POD)
+@example(_one_container("junk"))
+@example(_one_container({"limits": "junk", "requests": {"cpu": "1"}}))
 def test_the_enforcement_reads_a_compact_pod_as_it_reads_the_whole_pod(obj: dict[str, Any]) -> None:
     assert ef.pod_view(compact_pod(obj)) == ef.pod_view(obj)

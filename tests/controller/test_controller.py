@@ -626,6 +626,42 @@ def test_the_agents_controller_link_delivers_each_new_generation() -> None:
     serve(body)
 
 
+def test_a_result_changed_on_the_node_reaches_the_controller_at_the_next_heartbeat() -> None:
+    """A plan applied through the controller, then rolled back on the node (`memtopo rollback`
+    rewrites the stored result): the link reads the stored results of the plans it reported at each
+    heartbeat and sends the one whose state changed."""
+    async def body(running: RunningController, addr: str) -> None:
+        state = TopologyState()
+        state.publish(topo(0, "fp-a", name="real"))
+        stored: dict[str, planpb.PlanResult] = {}
+
+        async def plans(p: planpb.BindingPlan, dry_run: bool) -> planpb.PlanResult:
+            stored[p.plan_id] = P(plan_id=p.plan_id, state=P.STATE_APPLIED)
+            return stored[p.plan_id]
+
+        async def stored_result(plan_id: str) -> planpb.PlanResult | None:
+            return stored.get(plan_id)
+
+        link = ControllerLink(addr, state, "real", "boot-1", plans, heartbeat_seconds=0.2,
+                              backoff=Backoff(0.05, 0.2), stored_result=stored_result)
+        task = asyncio.create_task(link.run())
+        try:
+            await wait_until(lambda: running.fleet.held_count() == 1)
+            async with admin(addr) as stub:
+                result = await stub.SubmitPlan(apb.SubmitPlanRequest(node_name="real", plan=plan("undone"),
+                                                                     timeout_seconds=60))
+            assert result.state == P.STATE_APPLIED
+            assert running.fleet.result("real", "undone").state == P.STATE_APPLIED  # type: ignore[union-attr]
+            stored["undone"] = P(plan_id="undone", state=P.STATE_ROLLED_BACK, message="rolled back by hand")
+            await wait_until(lambda: running.fleet.result("real", "undone").state  # type: ignore[union-attr]
+                             == P.STATE_ROLLED_BACK)
+            assert running.fleet.result("real", "undone").message == "rolled back by hand"  # type: ignore[union-attr]
+        finally:
+            await link.stop()
+            await asyncio.wait_for(task, 30)
+    serve(body)
+
+
 class DyingController(agent_pb2_grpc.ControllerServicer):
     """A controller that ends its first `dying` streams the way a crashing one does, in turn: at once
     (the agent never hears from it); right after asking for a snapshot, so the agent's next write meets

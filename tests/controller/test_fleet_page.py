@@ -1,6 +1,7 @@
-"""The controller's fleet page (controller/fleet_page.py): its data over fixture topologies, its
-routes on the controller's HTTP listener, and both pages in a real headless browser (Debian's
-Chromium driven by playwright) against a controller holding four real agents.
+"""The fleet page (fleetpage/: page.py and its assets): its data over fixture topologies, its routes
+on the controller's HTTP listener, and both pages in a real headless browser (Debian's Chromium
+driven by playwright) against a controller holding four real agents, and against an in-process fleet
+for what is about rendering (words, plurals, times, name wrapping).
 
 The browser tests skip, saying why, where Chromium or playwright is missing; ``tools/setup.sh``
 installs both, so on a set-up machine and in CI they run.
@@ -13,35 +14,45 @@ import contextlib
 import html
 import json
 import os
+import re
 import shutil
 import signal
 import struct
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtopo.controller import fleet_assets, fleet_page
+from memtopo.cli.controller import listener_routes
+from memtopo.cli.extender import ExtenderOptions
 from memtopo.controller.fleet import Fleet, Hello
-from memtopo.controller.http import HttpServer, Routes
 from memtopo.controller.metrics import ControllerMetrics
 from memtopo.controller.server import start_controller
 from memtopo.controller.state import ControllerState
+from memtopo.fleetpage import page as fleet_page
+from memtopo.fleetpage.assets import assets
+from memtopo.httpserve import HttpServer, Routes, ServerThread, bind
 from memtopo.planner import fleet as fleet_policies
 from memtopo.planner import hccs, xpu
 from memtopo.v1 import agent_pb2 as apb
+from memtopo.v1 import agent_pb2_grpc
 from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
-from tests.agents import Agent, Controller, wait_for
-from tests.controller.http_client import exchange, get
+from tests.agents import Agent, Controller, pin_plan, wait_for
+from tests.chromium import chromium
 from tests.controllers import SimAgent, admin
-from tests.fixtures import SHARED, extracted, lab_root
+from tests.fixtures import REPO, SHARED, extracted, lab_root
 from tests.fleet_nodes import NPU_SMI_910A_X8, node, npu
+from tests.http_client import exchange, get
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 # No spaces (agents refuse them in a node name); a '/' so the name also tests the page's paths.
@@ -192,8 +203,7 @@ def test_rows_show_the_devices_the_scheduler_extender_handed_out() -> None:
     join(fleet, topology("910", "n1"))
     state = ControllerState(fleet, ControllerMetrics())
     ledger = InUse({"xpu": {"x2": frozenset({0, 1, 4})}, "hccs": {"n1": frozenset({0, 1, 2, 3})}})
-    state.extender = ledger
-    page = fleet_page.install(Routes(), state)
+    page = fleet_page.install(Routes(), state, in_use=ledger.in_use)
     rows = {r["name"]: r["topology"]["devices"] for r in asyncio.run(page.fleet_json())["nodes"]}
     assert rows["x1"] == {"policy": "xpu", "used": [], "mtf": 1}
     assert rows["x2"] == {"policy": "xpu", "used": [0, 1, 4], "mtf": xpu.mtf(0b10011)}
@@ -217,8 +227,9 @@ def test_node_json_lists_results_newest_first_and_plans_in_flight() -> None:
     page = fleet_page.FleetPage(fleet, pending=lambda n: [("later", False), ("soon", True)] if n == "x1" else [])
     doc = asyncio.run(page.node_json("x1"))
     assert doc is not None
-    assert [(r["plan_id"], r["state"]) for r in doc["results"]] == [("p1", "REJECTED"), ("p0", "APPLIED")]
-    assert doc["results"][0]["actions"] == {"APPLIED": 1} and doc["results"][0]["finished"] == 1_700_000_001
+    assert [(r["plan_id"], r["state"], r["ok"]) for r in doc["results"]] == [("p1", "rejected", False),
+                                                                            ("p0", "applied", True)]
+    assert doc["results"][0]["actions"] == {"applied": 1} and doc["results"][0]["finished"] == 1_700_000_001
     assert len(doc["results"][0]["message"]) == fleet_page.REASON_CHARS
     assert doc["pending"] == [{"plan_id": "later", "dry_run": False}, {"plan_id": "soon", "dry_run": True}]
     assert doc["drawing"] == "/api/node.svg?name=x1"
@@ -232,7 +243,7 @@ async def page_server(fleet: Fleet, **kw: Any) -> AsyncIterator[int]:
     routes = Routes()
     fleet_page.install(routes, state, **kw)
     server = HttpServer(routes)
-    await server.start("127.0.0.1", 0)
+    await server.start(bind("127.0.0.1:0"))
     try:
         yield server.port
     finally:
@@ -302,7 +313,7 @@ def test_routes_answer_read_only_with_a_strict_content_security_policy() -> None
                 assert status == code, path
                 assert "error" in json.loads(body)
             for method in ("POST", "PUT", "DELETE"):
-                raw = f"{method} / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode()
+                raw = f"{method} / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n".encode()
                 status, headers, _ = await exchange(port, raw)
                 assert status == 405 and headers["allow"] == "GET, HEAD"
 
@@ -350,15 +361,16 @@ def test_a_drawing_that_fails_answers_500_without_a_traceback() -> None:
 def test_the_script_builds_text_nodes_only() -> None:
     # Untrusted text must never be parsed as markup by the page's own script.
     for forbidden in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
-        assert forbidden not in fleet_assets.JS, forbidden
-    assert "createTextNode" in fleet_assets.JS
+        assert forbidden not in assets().js, forbidden
+    assert "createTextNode" in assets().js
 
 
 def test_a_real_controller_shows_plans_in_flight_then_their_results() -> None:
     """Over the controller's own listener: a plan submitted and not answered yet is listed as
     pending; once the agent's result arrives it moves to the results."""
     async def main() -> None:
-        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0")
+        running = await start_controller("127.0.0.1:0", http="127.0.0.1:0",
+                                         http_routes=listener_routes(ExtenderOptions()))
         assert running.http is not None
         port = running.http.port
         agent = SimAgent(f"127.0.0.1:{running.port}")
@@ -375,7 +387,7 @@ def test_a_real_controller_shows_plans_in_flight_then_their_results() -> None:
                 assert (await submit).state == planpb.PlanResult.STATE_APPLIED
             doc = json.loads((await exchange(port, get("/api/node?name=x1")))[2])
             assert doc["pending"] == []
-            assert [(r["plan_id"], r["state"]) for r in doc["results"]] == [("pin-1", "APPLIED")]
+            assert [(r["plan_id"], r["state"]) for r in doc["results"]] == [("pin-1", "applied")]
         finally:
             await agent.close()
             await running.stop(0.5)
@@ -384,14 +396,6 @@ def test_a_real_controller_shows_plans_in_flight_then_their_results() -> None:
 
 
 # ---- in a real browser, against real agents ----------------------------------------------------------
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def chromium_path() -> str | None:
-    return os.environ.get("MEMTOPO_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 def png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
@@ -409,8 +413,9 @@ def ascend910_root(tmp: Path) -> Path:
 
 
 class Fleet4:
-    def __init__(self, controller: Any, http_port: int, agents: dict[str, Agent]) -> None:
+    def __init__(self, controller: Any, grpc_port: int, http_port: int, agents: dict[str, Agent]) -> None:
         self.controller = controller
+        self.grpc_address = f"127.0.0.1:{grpc_port}"
         self.url = f"http://127.0.0.1:{http_port}"
         self.agents = agents
 
@@ -446,7 +451,7 @@ def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet4]:
             agent.launch()
         for agent in agents.values():
             agent.wait_ready()
-        fleet = Fleet4(controller, http_port, agents)
+        fleet = Fleet4(controller, grpc_port, http_port, agents)
 
         def all_held() -> bool:
             import urllib.request
@@ -466,19 +471,8 @@ def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet4]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    executable = chromium_path()
-    if executable is None:
-        pytest.skip("Chromium is not installed (tools/setup.sh installs Debian's chromium when run as root)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (pip install -e '.[dev]')")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def until(page: Any, predicate: str) -> None:
@@ -520,7 +514,7 @@ def test_the_fleet_page_lists_the_four_agents(browser: Any, fleet4: Fleet4, tmp_
     assert "HCCS rings free 4 + 4 of 8 healthy" in text["ascend910-01"]
     assert "XPU MTF 1" in text["p800-01"]
     assert "8 × P800 OAM" in text["p800-01"]
-    assert "UNIFIED" in text["gh200-01"]
+    assert "Unified" in text["gh200-01"] and "UNIFIED" not in text["gh200-01"]
     shot = tmp_path / "page-fleet.png"
     w.page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000
@@ -588,6 +582,58 @@ def test_an_unchanged_row_is_kept_across_polls(browser: Any, fleet4: Fleet4) -> 
 
 
 @FLEET4
+def test_a_node_started_on_a_tarball_names_the_tarball_as_its_source(browser: Any, fleet4: Fleet4) -> None:
+    """Not the temporary directory the agent extracted it to: the page and the drawing say what
+    the operator gave."""
+    tarball = str(FIXTURES / "kunlunxin-p800-8xpu" / "root.tar.gz")
+    w = Watched(browser)
+    w.page.goto(fleet4.url + fleet_page.node_path("p800-01"))
+    until(w.page, "() => document.querySelector('#facts dt') !== null")
+    facts = w.page.text_content("#facts") or ""
+    assert "Source" in facts and tarball in facts and "memtopo-root" not in facts
+    svg = w.page.request.get(fleet4.url + fleet_page.drawing_path("p800-01")).text()
+    assert tarball in svg
+    assert (w.dialogs, w.errors) == ([], [])
+
+
+@FLEET4
+def test_a_local_rollback_replaces_the_applied_result_on_the_page(browser: Any, fleet4: Fleet4) -> None:
+    """A plan applied through the controller, then rolled back on the node with `memtopo rollback`:
+    the agent reports the changed result at its next heartbeat and the page shows it."""
+    agent = fleet4.agents["ascend910-01"]
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        os.sched_setaffinity(child.pid, {0, 1} & os.sched_getaffinity(0) or {0})
+        plan = pin_plan("pin-then-rollback", child.pid, [0])
+        with grpc.insecure_channel(fleet4.grpc_address) as ch:
+            result = agent_pb2_grpc.ControllerAdminStub(ch).SubmitPlan(
+                apb.SubmitPlanRequest(node_name="ascend910-01", plan=plan, timeout_seconds=30), timeout=60)
+        assert result.state == planpb.PlanResult.STATE_APPLIED, result
+
+        def shown() -> list[str]:
+            with urllib.request.urlopen(fleet4.url + "/api/node?name=ascend910-01", timeout=10) as r:
+                return [x["state"] for x in json.loads(r.read())["results"] if x["plan_id"] == plan.plan_id]
+
+        assert shown() == ["applied"]
+        rolled = subprocess.run([sys.executable, "-m", "memtopo.cli", "rollback", plan.plan_id,
+                                 "--state-dir", str(agent.tmp / "state" / "apply")],
+                                cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        wait_for(lambda: shown() == ["rolled back"], timeout=60, what="the page to show the rollback")
+        w = Watched(browser)
+        w.page.goto(fleet4.url + fleet_page.node_path("ascend910-01"))
+        until(w.page, "() => document.querySelector('#results table') !== null")
+        cells = w.page.evaluate("() => [...document.querySelectorAll('#results tbody tr')]"
+                                ".map(r => [...r.cells].map(c => c.textContent))"
+                                ".find(c => c[0] === 'pin-then-rollback')")
+        assert cells[1] == "rolled back"
+        assert (w.dialogs, w.errors) == ([], [])
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+@FLEET4
 def test_a_killed_agent_turns_disconnected_without_a_reload(browser: Any, fleet4: Fleet4, tmp_path: Path) -> None:
     w = Watched(browser)
     w.page.goto(fleet4.url + "/")
@@ -623,3 +669,116 @@ def test_the_page_says_when_the_controller_is_gone(browser: Any, fleet4: Fleet4)
     # The last rows stay on screen for the reader.
     assert w.page.eval_on_selector_all("#nodes tr", "rows => rows.length") == 4
     assert (w.dialogs, w.errors) == ([], [])
+
+
+# ---- rendering, against an in-process fleet ---------------------------------------------------------
+@contextlib.contextmanager
+def fleet_page_thread(populate: Callable[[Fleet], None]) -> Iterator[str]:
+    """The page's routes over a fleet ``populate`` fills, on a server thread (the browser is driven
+    synchronously); the page's URL."""
+    def make() -> HttpServer:
+        fleet = Fleet()
+        populate(fleet)
+        routes = Routes()
+        fleet_page.install(routes, ControllerState(fleet, ControllerMetrics()))
+        return HttpServer(routes)
+
+    thread = ServerThread(make, bind("127.0.0.1:0"))
+    try:
+        yield f"http://127.0.0.1:{thread.port}"
+    finally:
+        thread.stop()
+
+
+def one_numa_node(topo: pb.MemoryTopology) -> None:
+    del topo.numa_nodes[1:]
+
+
+def unified_and_cxl(topo: pb.MemoryTopology) -> None:
+    topo.domains[0].type = pb.MEMORY_DOMAIN_TYPE_UNIFIED
+    topo.domains[-1].type = pb.MEMORY_DOMAIN_TYPE_CXL_ATTACHED
+
+
+# 2023-11-14 13:05:09 local time: an afternoon hour, which a 12-hour clock shows as 1 PM.
+FINISHED = time.mktime((2023, 11, 14, 13, 5, 9, 0, 0, -1))
+
+
+def populated(fleet: Fleet) -> None:
+    session = join(fleet, topology("p800", "solo-01", one_numa_node))
+    join(fleet, topology("p800", "mixed-01", unified_and_cxl))
+    for state in (planpb.PlanResult.STATE_APPLIED, planpb.PlanResult.STATE_ROLLED_BACK):
+        result = planpb.PlanResult(plan_id="pin-1", state=state, actions=[planpb.ActionResult(
+            action_id="a", status=planpb.ActionResult.STATUS_ROLLED_BACK)])
+        result.finished.FromSeconds(int(FINISHED))
+        fleet.record_result(session, result)
+
+
+def test_the_page_shows_words_plurals_and_one_time_format(browser: Any) -> None:
+    with fleet_page_thread(populated) as url:
+        page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 900})
+        page.goto(url + "/")
+        until(page, "() => document.querySelectorAll('#nodes tr').length === 2")
+        rows = {n: page.evaluate(f"{row(n)}.textContent") for n in ("solo-01", "mixed-01")}
+        assert "1 NUMA node" in rows["solo-01"] and "1 NUMA nodes" not in rows["solo-01"]
+        assert "Unified" in rows["mixed-01"] and "CXL" in rows["mixed-01"]
+        assert "UNIFIED" not in rows["mixed-01"] and "CXL_ATTACHED" not in rows["mixed-01"]
+        live = page.text_content("#live") or ""
+        assert re.fullmatch(r"live · \d\d:\d\d:\d\d", live), live
+
+        page.goto(url + fleet_page.node_path("solo-01"))
+        until(page, "() => document.querySelector('#results table') !== null")
+        facts = page.text_content("#facts") or ""
+        assert "1 NUMA node" in facts and "1 NUMA nodes" not in facts
+        cells = page.eval_on_selector_all("#results tbody tr td", "tds => tds.map(td => td.textContent)")
+        assert cells[1] == "rolled back" and cells[2] == "1 rolled back" and "ROLLED_BACK" not in cells
+        assert cells[4] == "2023-11-14 13:05:09"
+        assert not re.search(r"\b[AP]M\b", page.text_content("body") or "")
+
+        page.goto(url + fleet_page.node_path("mixed-01"))
+        until(page, "() => document.querySelector('#domains table') !== null")
+        types = page.eval_on_selector_all("#domains tbody tr td:nth-child(2)", "tds => tds.map(td => td.textContent)")
+        assert types[0].startswith("Unified") and types[-1].startswith("CXL") and not any("_" in t for t in types)
+        page.close()
+
+
+NAMES_THAT_WRAP = ("ascend910-01", "gpu-node-0042.rack-7.example.com", "cxl-tier-b.rack-12")
+
+
+def test_node_names_break_only_between_their_parts(browser: Any) -> None:
+    def names(fleet: Fleet) -> None:
+        for name in NAMES_THAT_WRAP:
+            join(fleet, topology("910", name))
+
+    with fleet_page_thread(names) as url:
+        for width in (1400, 640):
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.goto(url + "/")
+            until(page, f"() => document.querySelectorAll('#nodes tr').length === {len(NAMES_THAT_WRAP)}")
+            # Each text node of a name is one part; a part laid out over two lines was broken inside.
+            lines = page.evaluate("""() => [...document.querySelectorAll('#nodes td.name a')].map(a =>
+                [...a.childNodes].filter(n => n.nodeType === Node.TEXT_NODE).map(t => {
+                    const r = document.createRange(); r.selectNodeContents(t);
+                    return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; }))""")
+            assert all(count == 1 for name in lines for count in name), (width, lines)
+            texts = page.eval_on_selector_all("#nodes td.name a", "as => as.map(a => a.textContent)")
+            assert sorted(texts) == sorted(NAMES_THAT_WRAP)
+            page.close()
+
+
+def test_the_wheel_ships_the_page_s_assets(tmp_path: Path) -> None:
+    """The HTML, CSS, script and icon are package data: a wheel built from the tree carries every
+    file the page loads, where the page loads them from. Built from a copy of the sources, so the
+    build leaves nothing in the checkout."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "tests", "bench", "docs"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
+                            "-q", "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    import zipfile
+
+    (wheel,) = tmp_path.glob("memtopo-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {n.removeprefix("memtopo/fleetpage/assets/") for n in names if n.startswith("memtopo/fleetpage/assets/")}
+    on_disk = {p.name for p in (REPO / "fleetpage" / "assets").iterdir()}
+    assert shipped == on_disk and {"fleet.html", "node.html", "fleet.css", "fleet.js", "favicon.svg"} <= shipped

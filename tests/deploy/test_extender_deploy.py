@@ -132,6 +132,10 @@ def test_the_scheduler_configuration_sends_every_pod_to_what_the_extender_serves
     assert ext["ignorable"] is False and "ignorable: false —" in text
     # The client certificate the extender requires.
     assert set(ext["tlsConfig"]) == {"caFile", "certFile", "keyFile"}
+    # The name kube-scheduler uses is one the extender's listener accepts in Host (--http-host).
+    host = ext["urlPrefix"].split("://", 1)[1].split(":", 1)[0]
+    command = _command()
+    assert host in [command[i + 1] for i, flag in enumerate(command[:-1]) if flag == "--http-host"]
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) not installed")

@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from memtopo.addresses import parse_host_port
 from memtopo.agent.config import parse_config
-from memtopo.agent.health import parse_listen
 from memtopo.k8s.kubeapi import NRT_GROUP as GROUP
 from memtopo.k8s.kubeapi import NRT_RESOURCE as PLURAL
 from tests.kustomize import (
@@ -127,7 +127,7 @@ def test_the_daemonset_runs_the_configmaps_agent_with_its_mounts_probes_and_scra
     assert cfg.kubernetes.enabled and cfg.apply.cgroup_prefixes == () and not cfg.kubernetes.enforce
     assert cfg.listen.socket.startswith(mounts["run"]) and cfg.state_dir == mounts["state"]
     assert cfg.kubernetes.pod_resources_socket.startswith(mounts["pod-resources"] + "/")
-    _, port = parse_listen(cfg.health.listen)
+    _, port = parse_host_port(cfg.health.listen)
     assert [p["containerPort"] for p in c["ports"]] == [port]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     notes = ds["spec"]["template"]["metadata"]["annotations"]
@@ -216,4 +216,5 @@ def test_the_containerfile_installs_every_package_the_project_ships() -> None:
     # image lacks installs a package without its code).
     for link in sorted(p for p in (BASE.parents[1] / "memtopo").iterdir() if p.is_symlink()):
         assert f"COPY {link.name} ./{link.name}" in text, link.name
+    assert (BASE.parents[1] / "memtopo" / "fleetpage").is_symlink()
     assert "'.[k8s" in text

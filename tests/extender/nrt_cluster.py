@@ -16,12 +16,13 @@ import pytest
 
 from bench.k8s_standin import StandInApiServer
 from memtopo.backoff import Backoff
-from memtopo.cli.extender import ExtenderOptions, installer
+from memtopo.cli.controller import listener_routes
+from memtopo.cli.extender import ExtenderOptions
 from memtopo.controller.server import RunningController, start_controller
 from memtopo.extender.auth import Authenticator
 from memtopo.k8s import podfingerprint
 from memtopo.k8s.kubeapi import KubeApi
-from tests.controller.http_client import exchange, post
+from tests.http_client import exchange, post
 from tests.nrt_upstream import CPU, MEMORY, nrt, pod_by_resource_list, res_info, zone
 
 TOKEN = "nrt-test-token-0123456789"
@@ -55,7 +56,7 @@ async def extender(api: StandInApiServer, tmp: Path, *, ready: bool = True, **op
     kube = KubeApi(api.url, timeout_s=5.0)
     running: RunningController = await start_controller(
         "127.0.0.1:0", http="127.0.0.1:0", kube=kube,
-        http_routes=(installer(ExtenderOptions(fleet="nrt", kube=kube, auth=token_auth(tmp), **opts)),))
+        http_routes=listener_routes(ExtenderOptions(fleet="nrt", kube=kube, auth=token_auth(tmp), **opts)))
     try:
         assert running.http is not None
         port = running.http.port
@@ -67,7 +68,7 @@ async def extender(api: StandInApiServer, tmp: Path, *, ready: bool = True, **op
 
 
 async def readyz(port: int) -> tuple[int, dict[str, Any]]:
-    status, _, raw = await exchange(port, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, raw = await exchange(port, b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     return status, json.loads(raw)
 
 

@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.k8s_standin import StandInApiServer
-from memtopo.cli.extender import ExtenderOptions, installer
+from memtopo.cli.controller import listener_routes
+from memtopo.cli.extender import ExtenderOptions
 from memtopo.controller.fleet import Hello
-from memtopo.controller.http import MAX_BODY_BYTES
 from memtopo.controller.server import RunningController, start_controller
 from memtopo.discovery.discover import discover
 from memtopo.discovery.source import ProbeContext
@@ -34,16 +34,17 @@ from memtopo.extender.agents import AgentsFleet
 from memtopo.extender.auth import Authenticator, Caller
 from memtopo.extender.service import Extender
 from memtopo.extender.wire import ExtenderError
+from memtopo.httpserve import Limits
 from memtopo.k8s import kubeapi
 from memtopo.k8s.kubeapi import KubeApi
 from memtopo.planner import fleet
 from memtopo.planner.errors import PlanError
 from memtopo.v1 import topology_pb2 as pb
-from tests.controller.http_client import exchange, post
 from tests.extender.pods import npu_pod, pod
 from tests.fixtures import SYNTH as FIXTURES
 from tests.fixtures import extracted
 from tests.fleet_nodes import node, npu
+from tests.http_client import exchange, post
 from tests.pki import make_certificate, pki
 
 __all__ = ["pki"]  # the PKI fixture (a CA, server and client certificates), used by the client-certificate test
@@ -102,7 +103,7 @@ def with_fleet(nodes: list[fleet.FleetNode], body: Body, kube: KubeApi | None = 
     async def main() -> None:
         options = ExtenderOptions(kube=kube, refresh_s=refresh_s, auth=auth)
         running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
-                                         http_routes=(installer(options),))
+                                         http_routes=listener_routes(options))
         try:
             hold(running, nodes)
             assert running.http is not None
@@ -247,12 +248,12 @@ def test_the_body_limit_is_one_mebibyte() -> None:
     async def body(running: RunningController, port: int) -> None:
         names = [f"n{i:07d}" for i in range(200_000)]
         big = json.dumps(names_args(pod(), names)).encode()
-        assert len(big) > MAX_BODY_BYTES
+        assert len(big) > Limits.max_body_bytes
         status, _, text = await exchange(port, post("/scheduler/filter", big))
         # Refused before it is read; Go's case-insensitive decoder reads "error" as Error.
         assert status == 413 and "limit" in json.loads(text)["error"]
         fits = json.dumps(names_args(pod(), names[:60_000])).encode()
-        assert len(fits) <= MAX_BODY_BYTES
+        assert len(fits) <= Limits.max_body_bytes
         answer = await call(port, "filter", json.loads(fits))
         assert len(answer["NodeNames"]) == 60_000
     with_fleet([], body)
@@ -422,7 +423,7 @@ def test_bind_without_an_api_server_is_an_error_and_metrics_count_each_verb(tmp_
         assert "--kube-api" in (await call(port, "bind", binding_args("a", "u", "n1")))["Error"]
         await call(port, "filter", names_args(npu_pod(1), ["n1"]))
         await call(port, "filter", {"Pod": None})
-        _, _, raw = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        _, _, raw = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         text = raw.decode()
         assert 'memtopo_extender_requests_total{verb="filter"} 2.0' in text
         assert 'memtopo_extender_requests_total{verb="bind"} 1.0' in text
@@ -621,7 +622,7 @@ def test_bind_refuses_callers_it_cannot_authenticate(api: StandInApiServer, tmp_
                 assert status == 403 and json.loads(raw)["Error"], (extra, verb)
         assert not api.bindings and "huawei.com/Ascend910" not in api.pods[("default", "a")]["metadata"]["annotations"]
         assert await call(port, "bind", binding_args("a", "ua", "n1")) == {"Error": ""}
-        _, _, metrics = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        _, _, metrics = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert 'memtopo_extender_unauthenticated_total{verb="bind"} 3.0' in metrics.decode()
     with_fleet([node("910", "n1")], token_body, kube=KubeApi(api.url), auth=token_auth(tmp_path))
 
@@ -630,11 +631,12 @@ def test_bind_refuses_callers_it_cannot_authenticate(api: StandInApiServer, tmp_
 async def tls_call(port: int, path: str, body: bytes, context: Any, method: str = "POST") -> tuple[int, bytes]:
     import ssl
 
-    from tests.controller.http_client import read_response
+    from tests.http_client import read_response
 
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
     try:
-        head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        media = "Content-Type: application/json\r\n" if method == "POST" else ""
+        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n{media}Content-Length: {len(body)}\r\n\r\n".encode()
         writer.write(head + body)
         await writer.drain()
         status, _, raw = await read_response(reader)
@@ -679,7 +681,7 @@ def test_with_a_client_ca_every_verb_needs_a_certificate_it_signed(pki: dict[str
         options = ExtenderOptions(kube=kube, auth=Authenticator(client_ca=True, subjects=subjects))
         running = await start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
                                          http_ssl=http_ssl_context(pki["server"], pki["server_key"], pki["ca"]),
-                                         http_routes=(installer(options),))
+                                         http_routes=listener_routes(options))
         try:
             hold(running, [node("910", "n1")])
             assert running.http is not None

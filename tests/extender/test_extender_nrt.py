@@ -32,7 +32,6 @@ from memtopo.k8s import podfingerprint
 from memtopo.k8s.admission import TOPOLOGY_AFFINITY_ERROR, UNEXPECTED_ADMISSION_ERROR
 from memtopo.k8s.kubeapi import KubeApi
 from memtopo.k8s.scoring import Strategy, extender_score
-from tests.controller.http_client import exchange, post
 from tests.extender.nrt_cluster import (
     AUTH,
     TOKEN,
@@ -52,6 +51,7 @@ from tests.extender.nrt_cluster import (
     until,
     wait_ready,
 )
+from tests.http_client import exchange, post
 from tests.nrt_upstream import CPU, MEMORY, nrt, pod_by_resource_list, pod_by_resource_lists, res_info, zone
 from tests.nrt_upstream_cases import (
     CNT_T,
@@ -466,7 +466,7 @@ def test_api_server_trouble_is_a_stale_view_in_readyz_and_a_metric(api: StandInA
             doc = await wait_ready(port, want=503)
             assert doc["status"] == "stale"
             assert "500" in doc["noderesourcetopologies"]["last_error"]
-            _, _, raw = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            _, _, raw = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             stale = [line for line in raw.decode().splitlines()
                      if line.startswith('memtopo_extender_view_stale_seconds{resource="noderesourcetopologies"}')]
             assert stale and float(stale[0].split()[-1]) > 1.0

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.k8s_standin import StandInApiServer
-from memtopo.cli.extender import ExtenderOptions, installer
+from memtopo.cli.controller import listener_routes
+from memtopo.cli.extender import ExtenderOptions
 from memtopo.controller.server import RunningController, start_controller
 from memtopo.k8s.kubeapi import KubeApi
-from tests.controller.http_client import exchange, post
 from tests.extender.nrt_cluster import AUTH, FAST, api, gu_pod, placement_of, token_auth, two_zones, wait_ready
+from tests.http_client import exchange, post
 
 __all__ = ["api"]  # the stand-in fixture
 
@@ -140,7 +141,7 @@ def test_two_replicas_one_killed_midway_schedule_every_zone_once(api: StandInApi
             options = ExtenderOptions(fleet="nrt", kube=kube, auth=token_auth(tmp_path), informer=FAST,
                                       claim_ttl=5.0)
             running.append(await start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
-                                                  http_routes=(installer(options),)))
+                                                  http_routes=listener_routes(options)))
         try:
             for r in running:
                 assert r.http is not None
@@ -184,7 +185,7 @@ def test_two_binds_racing_for_one_zone_on_two_replicas_one_wins(api: StandInApiS
             kube = KubeApi(api.url, timeout_s=10.0)
             options = ExtenderOptions(fleet="nrt", kube=kube, auth=token_auth(tmp_path), informer=FAST)
             running.append(await start_controller("127.0.0.1:0", http="127.0.0.1:0", kube=kube,
-                                                  http_routes=(installer(options),)))
+                                                  http_routes=listener_routes(options)))
         try:
             ports = []
             for r in running:
@@ -213,7 +214,7 @@ def test_two_binds_racing_for_one_zone_on_two_replicas_one_wins(api: StandInApiS
             api.held.clear()
             assert await bind(ports[0], "a") == {"Error": ""}
             assert placement_of(api, "a")["zones"] == [1]
-            _, _, metrics = await exchange(ports[0], b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            _, _, metrics = await exchange(ports[0], b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert 'memtopo_extender_failures_total{reason="conflict",verb="bind"} 1.0' in metrics.decode()
         finally:
             for r in running:

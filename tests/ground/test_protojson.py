@@ -24,7 +24,7 @@ from tests.fixtures import HWLOC_LINUX, HWLOC_XML, extracted
 from tests.synth import numa_scale_host, tree, write_root
 
 INPUTS = sorted(HWLOC_XML.glob("*.xml")) + sorted(HWLOC_LINUX.glob("*.tar.bz2")) \
-    + sorted(Path(p) for p in glob.glob(str(Path(__file__).parent / "fixtures/*/root.tar.gz")))
+    + sorted(Path(p) for p in glob.glob(str(Path(__file__).parents[1] / "fixtures/*/root.tar.gz")))
 
 
 def reference(msg: Message, defaults: bool, indent: int | None) -> str:

@@ -1,125 +1,4 @@
-"""The fleet page's static text: two HTML shells, one stylesheet, one script. Self-contained (no
-asset from anywhere else) and fixed: nothing from a node is ever spliced into them, except the
-escaped name and API path ``fleet_page.node_html`` puts into the node shell.
-
-The script builds every element with ``createElement`` and ``textContent`` (via ``el``): no
-``innerHTML``, no string-built markup, no ``eval``; the CSP the server sends forbids inline script,
-so even a successful injection would not run.
-"""
-
-from __future__ import annotations
-
-from typing import Final
-
-# Polled by the page: a killed agent's row must turn "disconnected" within a few seconds.
-POLL_MS: Final = 1000
-
-_HEAD: Final = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="referrer" content="no-referrer">
-<link rel="stylesheet" href="/static/fleet.css">
-<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">
-<script src="/static/fleet.js" defer></script>
-"""
-
-FLEET_HTML: Final = _HEAD + """<title>memtopo fleet</title>
-</head>
-<body data-page="fleet">
-<header><a class="brand" href="/">memtopo fleet</a><span id="live" class="live">loading…</span></header>
-<main>
-<div class="summary" id="summary"></div>
-<table class="fleet">
-<thead><tr>
-<th>Node</th><th>Link</th><th class="num">Generation</th><th class="num">Updated</th>
-<th class="num">CPUs</th><th class="num">Memory</th><th>Accelerators</th><th>HCCS / XPU</th><th>Degraded</th>
-</tr></thead>
-<tbody id="nodes"></tbody>
-</table>
-<p class="empty" id="empty" hidden>No agent has connected to this controller yet.</p>
-<noscript><p>This page needs JavaScript; the same data is at <a href="/api/fleet">/api/fleet</a>.</p></noscript>
-</main>
-</body>
-</html>
-"""
-
-# str.format template: {name} and {api} are escaped by fleet_page.node_html; no other braces here.
-NODE_HTML: Final = _HEAD + """<title>{name} · memtopo fleet</title>
-</head>
-<body data-page="node" data-api="{api}">
-<header><a class="brand" href="/">memtopo fleet</a><span class="crumb">/</span>
-<span class="crumb" id="crumb">{name}</span><span id="live" class="live">loading…</span></header>
-<main>
-<h1><span id="name">{name}</span> <span id="link" class="pill"></span></h1>
-<dl class="facts" id="facts"></dl>
-<section id="degraded-section" hidden><h2>Degraded sources</h2><div id="degraded"></div></section>
-<h2>Topology</h2>
-<figure id="figure"><img id="drawing" alt="topology drawing">
-<figcaption id="drawing-note" class="muted"></figcaption></figure>
-<h2>Plans awaiting a result</h2><div id="pending"></div>
-<h2>Plan results <span class="muted small">(newest first)</span></h2><div id="results"></div>
-<h2>Memory domains</h2><div id="domains"></div>
-<h2>Accelerators</h2><div id="accelerators"></div>
-<noscript><p>This page needs JavaScript; the same data is at <a href="{api}">{api}</a>.</p></noscript>
-</main>
-</body>
-</html>
-"""
-
-CSS: Final = """
-:root {
-  --bg: #f5f6f8; --fg: #1c2230; --muted: #667085; --line: #d9dee6; --head: #1c2230;
-  --ok: #12703a; --okbg: #dff3e6; --bad: #b42318; --badbg: #fde6e4; --warn: #7a4d00; --warnbg: #fff1cc;
-  --accent: #1f5bb8;
-}
-* { box-sizing: border-box; }
-body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans", "DejaVu Sans", sans-serif;
-       color: var(--fg); background: var(--bg); }
-header { background: var(--head); color: #fff; padding: 10px 24px; display: flex; align-items: baseline; gap: 10px; }
-header a.brand { color: #fff; font-weight: 650; font-size: 16px; text-decoration: none; }
-header .crumb { color: #c9d1dc; overflow-wrap: anywhere; }
-.live { margin-left: auto; font-size: 12px; color: #b9e4c9; white-space: nowrap; }
-.live.down { color: #ffb4ab; font-weight: 600; }
-main { padding: 16px 24px 40px; }
-h1 { font-size: 22px; margin: 4px 0 12px; overflow-wrap: anywhere; }
-h2 { font-size: 15px; margin: 22px 0 8px; }
-.small { font-size: 12px; font-weight: normal; }
-.summary { margin: 4px 0 12px; display: flex; gap: 8px; flex-wrap: wrap; }
-.summary .stat { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; }
-.summary .stat b { font-size: 18px; margin-right: 4px; }
-table { border-collapse: collapse; width: 100%; background: #fff; border: 1px solid var(--line); }
-th, td { text-align: left; padding: 7px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
-th { background: #eceff4; font-size: 12px; font-weight: 600; color: #3a4354; white-space: nowrap; }
-th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-tbody tr:hover td { background: #f7f9fc; }
-tr.disconnected td { background: #fcf3f2; color: #555d6b; }
-td.name a { color: var(--accent); font-weight: 600; text-decoration: none; overflow-wrap: anywhere; }
-td.name a:hover { text-decoration: underline; }
-.pill { display: inline-block; padding: 1px 9px; border-radius: 999px; font-size: 12px; font-weight: 600;
-        white-space: nowrap; vertical-align: middle; }
-.pill.ok { color: var(--ok); background: var(--okbg); }
-.pill.bad { color: var(--bad); background: var(--badbg); }
-.pill.warn { color: var(--warn); background: var(--warnbg); }
-.pill:empty { display: none; }
-.muted { color: var(--muted); }
-.sub { display: block; color: var(--muted); font-size: 12px; }
-.empty { color: var(--muted); padding: 12px 0; }
-dl.facts { display: grid; grid-template-columns: max-content minmax(0, 1fr) max-content minmax(0, 1fr); gap: 5px 18px;
-           background: #fff; border: 1px solid var(--line); padding: 12px 16px; margin: 0; }
-dl.facts dt { color: var(--muted); }
-dl.facts dd { margin: 0; overflow-wrap: anywhere; }
-figure { margin: 0; background: #fff; border: 1px solid var(--line); padding: 8px; overflow: auto; }
-/* A vector drawing: scaled to the page's width, larger than drawn where the page is wide. */
-figure img { display: block; width: 100%; max-width: 1800px; height: auto; }
-figcaption:empty { display: none; }
-.reasons { margin: 2px 0 8px; padding-left: 20px; font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace;
-           white-space: pre-wrap; overflow-wrap: anywhere; }
-.mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
-"""
-
-JS: Final = """"use strict";
+"use strict";
 (() => {
   const POLL_MS = __POLL_MS__;
   const $ = (id) => document.getElementById(id);
@@ -135,6 +14,17 @@ JS: Final = """"use strict";
     return e;
   }
   function link(href, text) { const a = el("a", null, text); a.href = href; return a; }
+  // A node name, breakable only after its separators (a line never ends inside "910-01").
+  function nameLink(name) {
+    const a = el("a", "nodename");
+    for (const part of name.split(/(?<=[-._/:])/)) {
+      if (a.firstChild) a.append(document.createElement("wbr"));
+      a.append(document.createTextNode(part));
+    }
+    a.href = nodeHref(name);
+    return a;
+  }
+  function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
   // As fleet_page.node_path: "." and ".." would be dot segments of the path.
   function nodeHref(name) {
     if (name === "." || name === "..") return "/nodes/?name=" + encodeURIComponent(name);
@@ -178,7 +68,13 @@ JS: Final = """"use strict";
     live.className = ok ? "live" : "live down";
     live.textContent = text;
   }
-  function clock() { return new Date().toLocaleTimeString([], {hour12: false}); }
+  // One time format everywhere, whatever the browser's locale: 24-hour, local time.
+  const two = (n) => String(n).padStart(2, "0");
+  function timeOfDay(d) { return two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds()); }
+  function dateTime(d) {
+    return d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " + timeOfDay(d);
+  }
+  function clock() { return timeOfDay(new Date()); }
 
   function memoryText(t) {
     const kinds = Object.entries(t.memory_by_type || {});
@@ -200,7 +96,7 @@ JS: Final = """"use strict";
     if (d.unusable) return [el("span", "muted", policy + ": not usable"), d.unusable];
     if (d.policy === "hccs") {
       return ["HCCS rings free " + d.ring_free[0] + " + " + d.ring_free[1] + " of " + d.capacity + " healthy",
-              d.free_rings + " whole ring" + (d.free_rings === 1 ? "" : "s") + " free · group per pod size "
+              plural(d.free_rings, "whole ring") + " free · group per pod size "
                 + groupsText(d.groups)];
     }
     return ["XPU MTF " + d.mtf, d.used.length ? "allocated: " + d.used.join(", ") : "none allocated"];
@@ -227,7 +123,7 @@ JS: Final = """"use strict";
     const td = el("td");
     for (const s of list) {
       const p = el("span", "pill warn", s.source);
-      p.title = s.reasons.join("\\n") + (s.more ? "\\n… " + s.more + " more" : "");
+      p.title = s.reasons.join("\n") + (s.more ? "\n… " + s.more + " more" : "");
       td.append(p, " ");
     }
     return td;
@@ -239,7 +135,7 @@ JS: Final = """"use strict";
     const tr = el("tr", n.connected ? "connected" : "disconnected");
     tr.dataset.node = n.name;
     tr.dataset.state = n.connected ? "connected" : "disconnected";
-    tr.append(el("td", "name", link(nodeHref(n.name), n.name)));
+    tr.append(el("td", "name", nameLink(n.name)));
     const linkCell = cell(pill(n.connected), seenText(n), "link");
     tr.append(linkCell);
     tr.append(cell(n.generation === null ? "—" : String(n.generation), n.fingerprint || null, "num"));
@@ -254,7 +150,7 @@ JS: Final = """"use strict";
       tr.append(td);
       return tr;
     }
-    tr.append(cell(String(t.cpus), t.numa_nodes + " NUMA node" + (t.numa_nodes === 1 ? "" : "s"), "num"));
+    tr.append(cell(String(t.cpus), plural(t.numa_nodes, "NUMA node"), "num"));
     const [mem, memSub] = memoryText(t);
     tr.append(cell(mem, memSub, "num"));
     const [acc, accSub] = acceleratorText(t);
@@ -290,7 +186,7 @@ JS: Final = """"use strict";
     if (shown.length !== wanted.length || shown.some((tr, i) => tr !== wanted[i])) body.replaceChildren(...wanted);
     $("empty").hidden = doc.nodes.length > 0;
     const degraded = doc.nodes.filter((n) => n.topology && n.topology.degraded.length).length;
-    $("summary").replaceChildren(stat(doc.total, "nodes"), stat(doc.connected, "connected"),
+    $("summary").replaceChildren(stat(doc.total, doc.total === 1 ? "node" : "nodes"), stat(doc.connected, "connected"),
                                  stat(doc.total - doc.connected, "disconnected"), stat(degraded, "degraded"));
     document.title = "memtopo fleet (" + doc.connected + "/" + doc.total + " connected)";
   }
@@ -322,9 +218,10 @@ JS: Final = """"use strict";
     fact(dl, "Updated", age(n.updated_age_s));
     fact(dl, "Last seen", age(n.last_seen_age_s), n.peer || null);
     fact(dl, "Agent", n.agent_version || "—");
+    if (n.detail && n.detail.source_root) fact(dl, "Source", n.detail.source_root);
     const t = n.topology;
     if (t) {
-      fact(dl, "CPUs", String(t.cpus), t.numa_nodes + " NUMA nodes");
+      fact(dl, "CPUs", String(t.cpus), plural(t.numa_nodes, "NUMA node"));
       const [mem, memSub] = memoryText(t);
       fact(dl, "Memory", mem, memSub);
       const [acc, accSub] = acceleratorText(t);
@@ -362,10 +259,10 @@ JS: Final = """"use strict";
     section("results", n.results, () => $("results").replaceChildren(n.results.length
       ? table(["Plan", "State", "Actions", "Message", "Finished"], n.results.map((r) => [
           el("span", "mono", r.plan_id),
-          el("span", "pill " + (["APPLIED", "UNCHANGED", "DRY_RUN"].includes(r.state) ? "ok" : "bad"), r.state),
-          Object.entries(r.actions).map(([k, v]) => v + " " + k.toLowerCase()).join(", ") || "—",
-          [r.message, ...r.rejections].filter((x) => x).join("\\n") || "—",
-          r.finished ? new Date(r.finished * 1000).toLocaleString() : "—"]))
+          el("span", "pill " + (r.ok ? "ok" : "bad"), r.state),
+          Object.entries(r.actions).map(([k, v]) => v + " " + k).join(", ") || "—",
+          [r.message, ...r.rejections].filter((x) => x).join("\n") || "—",
+          r.finished ? dateTime(new Date(r.finished * 1000)) : "—"]))
       : none("none received yet")));
     if (d) section("detail", [d.domains, d.accelerators], () => {
       $("domains").replaceChildren(table(["Domain", "Type", "Capacity", "Free", "CPUs", "NUMA nodes", "Tier", "Note"],
@@ -398,17 +295,3 @@ JS: Final = """"use strict";
   if (page === "fleet") poll("/api/fleet", renderFleet);
   else if (page === "node") poll(document.body.dataset.api, renderNode);
 })();
-""".replace("__POLL_MS__", str(POLL_MS))
-
-FAVICON: Final = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
-                   '<rect width="16" height="16" rx="3" fill="#1c2230"/>'
-                   '<rect x="3" y="3" width="4" height="4" fill="#7fb3ff"/>'
-                   '<rect x="9" y="3" width="4" height="4" fill="#7fb3ff"/>'
-                   '<rect x="3" y="9" width="10" height="4" fill="#b9e4c9"/></svg>')
-
-# path → (content type, text)
-STATIC: Final = {
-    "/static/fleet.css": ("text/css; charset=utf-8", CSS),
-    "/static/fleet.js": ("text/javascript; charset=utf-8", JS),
-    "/static/favicon.svg": ("image/svg+xml", FAVICON),
-}

@@ -1,4 +1,4 @@
-"""The controller's fleet page, on its HTTP listener: ``/`` lists the nodes, ``/nodes/NAME`` shows
+"""The fleet page, on the controller's HTTP listener: ``/`` lists the nodes, ``/nodes/NAME`` shows
 one (its drawing, its plans and results). Both pages are fixed text that keeps itself live by
 polling the JSON it reads: ``/api/fleet`` and ``/api/node?name=NAME`` (the drawing is
 ``/api/node.svg?name=NAME``). Read-only: GET (and HEAD) routes only.
@@ -26,11 +26,12 @@ from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
-from memtopo.controller import fleet_assets
 from memtopo.controller.fleet import Fleet, NodeInfo
-from memtopo.controller.http import HttpError, Request, Response, Routes
 from memtopo.controller.state import ControllerState
 from memtopo.cpulist import format_cpulist
+from memtopo.draw.svg import TYPE_WORD, topology_svg
+from memtopo.fleetpage.assets import assets
+from memtopo.httpserve import HTML_TYPE, HttpError, Request, Response, Routes
 from memtopo.logs import get_logger
 from memtopo.planner.fleet import DeviceView, node_device_view, view_json
 from memtopo.v1 import plan_pb2 as planpb
@@ -52,7 +53,6 @@ CSP_PAGE: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img
 # A drawing opened on its own: styles inside it may apply, nothing may run or load.
 CSP_SVG: Final = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
 CSP_DATA: Final = "default-src 'none'; frame-ancestors 'none'"
-HTML_TYPE: Final = "text/html; charset=utf-8"
 _SECURITY: Final = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 Draw = Callable[[pb.MemoryTopology], str]
@@ -66,12 +66,29 @@ def _answer(body: bytes, content_type: str, csp: str = CSP_DATA, status: int = 2
     return Response(status, body, content_type, {**_SECURITY, "Content-Security-Policy": csp})
 
 
-def _enum(enum: Any, value: int, prefix: str) -> str:
+def _word(enum: Any, value: int, prefix: str) -> str:
+    """An enum value as people read it: ``STATE_ROLLED_BACK`` → "rolled back"."""
     try:
         name: str = enum.Name(value)
     except ValueError:
         return str(value)
-    return name.removeprefix(prefix)
+    return name.removeprefix(prefix).replace("_", " ").lower()
+
+
+def domain_word(value: int) -> str:
+    """A memory domain's type as the drawing names it (DRAM, CXL, Unified, GPU memory …)."""
+    word = TYPE_WORD.get(pb.MemoryDomainType.ValueType(value))
+    return word if word is not None else _word(pb.MemoryDomainType, value, "MEMORY_DOMAIN_TYPE_")
+
+
+def kind_word(value: int) -> str:
+    word = _word(pb.AcceleratorKind, value, "ACCELERATOR_KIND_")
+    return word.upper() if word in ("gpu", "npu", "xpu") else word
+
+
+# Plan states the page shows as done as asked (the rest as refused or undone).
+OK_STATES: Final = frozenset({planpb.PlanResult.STATE_APPLIED, planpb.PlanResult.STATE_UNCHANGED,
+                              planpb.PlanResult.STATE_DRY_RUN})
 
 
 def _short(text: str, limit: int = REASON_CHARS) -> str:
@@ -96,11 +113,11 @@ def topology_facts(topo: pb.MemoryTopology) -> dict[str, Any]:
     by_type: Counter[str] = Counter()
     free = 0
     for d in topo.domains:
-        by_type[_enum(pb.MemoryDomainType, d.type, "MEMORY_DOMAIN_TYPE_")] += d.capacity_bytes
+        by_type[domain_word(d.type)] += d.capacity_bytes
         free += d.free_bytes
     models: Counter[str] = Counter()
     for a in topo.accelerators:
-        models[a.model or _enum(pb.AcceleratorKind, a.kind, "ACCELERATOR_KIND_")] += 1
+        models[a.model or kind_word(a.kind)] += 1
     return {
         "cpus": cpus,
         "numa_nodes": len(topo.numa_nodes),
@@ -127,12 +144,12 @@ def degraded_sources(topo: pb.MemoryTopology, max_reasons: int) -> list[dict[str
 def topology_detail(topo: pb.MemoryTopology) -> dict[str, Any]:
     """What the node page lists beside the drawing: domains and accelerators, one row each."""
     domains = [{
-        "id": d.id, "type": _enum(pb.MemoryDomainType, d.type, "MEMORY_DOMAIN_TYPE_"), "subtype": d.subtype,
+        "id": d.id, "type": domain_word(d.type), "subtype": d.subtype,
         "capacity_bytes": d.capacity_bytes, "free_bytes": d.free_bytes, "numa_nodes": format_cpulist(d.numa_nodes),
         "cpus": format_cpulist(d.attached_cpus), "kernel_tier": d.kernel_tier, "note": _short(d.note),
     } for d in topo.domains]
     accelerators = [{
-        "id": a.id, "kind": _enum(pb.AcceleratorKind, a.kind, "ACCELERATOR_KIND_"), "vendor": a.vendor,
+        "id": a.id, "kind": kind_word(a.kind), "vendor": a.vendor,
         "model": a.model, "health": a.health, "numa_node": a.numa_node, "domain": a.domain,
         "memory_bytes": a.memory_bytes, "bdf": a.bdf,
     } for a in topo.accelerators]
@@ -141,10 +158,11 @@ def topology_detail(topo: pb.MemoryTopology) -> dict[str, Any]:
 
 
 def result_json(result: planpb.PlanResult) -> dict[str, Any]:
-    statuses = Counter(_enum(planpb.ActionResult.Status, a.status, "STATUS_") for a in result.actions)
+    statuses = Counter(_word(planpb.ActionResult.Status, a.status, "STATUS_") for a in result.actions)
     return {
         "plan_id": result.plan_id,
-        "state": _enum(planpb.PlanResult.State, result.state, "STATE_"),
+        "state": _word(planpb.PlanResult.State, result.state, "STATE_"),
+        "ok": result.state in OK_STATES,
         "message": _short(result.message),
         "actions": dict(sorted(statuses.items())),
         "rejections": [_short(r) for r in result.rejections[:NODE_REASONS]],
@@ -194,14 +212,14 @@ def _snapshot_key(info: NodeInfo) -> tuple[int, str]:
 
 class FleetPage:
     """The page's data over one controller's fleet. ``draw`` renders a node's drawing (default:
-    ``draw.svg.topology_svg``, imported on first use); ``pending`` lists the plans awaiting a node's
+    ``draw.svg.topology_svg``); ``pending`` lists the plans awaiting a node's
     result; ``in_use`` the devices handed out per policy and node; ``clock`` is the fleet's clock.
     Call its coroutines on the fleet's loop."""
 
     def __init__(self, fleet: Fleet, *, draw: Draw | None = None, pending: Pending | None = None,
                  in_use: InUse | None = None, clock: Callable[[], float] = time.time) -> None:
         self._fleet = fleet
-        self._draw = draw
+        self._draw: Draw = draw or topology_svg
         self._pending = pending
         self._in_use = in_use
         self._clock = clock
@@ -276,12 +294,7 @@ class FleetPage:
         if cached is not None:
             self._svgs.move_to_end(key)
             return cached
-        draw = self._draw
-        if draw is None:
-            from memtopo.draw.svg import topology_svg
-
-            draw = self._draw = topology_svg
-        body = (await asyncio.to_thread(draw, topo)).encode()
+        body = (await asyncio.to_thread(self._draw, topo)).encode()
         self._svgs[key] = body
         while len(self._svgs) > SVG_CACHE:
             self._svgs.popitem(last=False)
@@ -303,8 +316,8 @@ def drawing_path(name: str) -> str:
 def node_html(name: str) -> str:
     """The node page: the name is rendered escaped (for the title and readers without script); the
     rest is filled in by the script from ``/api/node?name=NAME``."""
-    return fleet_assets.NODE_HTML.format(name=html.escape(name, quote=True),
-                                         api=html.escape("/api/node?" + urlencode({"name": name}), quote=True))
+    return assets().node_html.format(name=html.escape(name, quote=True),
+                                     api=html.escape("/api/node?" + urlencode({"name": name}), quote=True))
 
 
 def _name_arg(request: Request) -> str:
@@ -314,19 +327,17 @@ def _name_arg(request: Request) -> str:
     return names[0]
 
 
-def install(routes: Routes, state: ControllerState, *, draw: Draw | None = None,
+def install(routes: Routes, state: ControllerState, *, in_use: InUse | None = None, draw: Draw | None = None,
             clock: Callable[[], float] = time.time) -> FleetPage:
     """The fleet page's routes: ``/``, ``/nodes/NAME``, ``/api/fleet``, ``/api/node``,
-    ``/api/node.svg`` and ``/static/*``."""
-    def in_use(policy: str) -> Mapping[str, frozenset[int]]:
-        # What the scheduler extender has handed out (its ledger of bound pods and other views).
-        return state.extender.in_use(policy) if state.extender is not None else {}
-
+    ``/api/node.svg`` and ``/static/*``. ``in_use``: the devices handed out per policy and node (the
+    scheduler extender's view, when the listener serves one)."""
     page = FleetPage(state.fleet, draw=draw, pending=state.pending_plans, in_use=in_use, clock=clock)
     fleet = state.fleet
+    files = assets()
 
     async def index(request: Request) -> Response:
-        return _answer(fleet_assets.FLEET_HTML.encode(), HTML_TYPE, CSP_PAGE)
+        return _answer(files.fleet_html.encode(), HTML_TYPE, CSP_PAGE)
 
     async def node_page(request: Request) -> Response:
         name = request.path.removeprefix("/nodes/")
@@ -357,11 +368,11 @@ def install(routes: Routes, state: ControllerState, *, draw: Draw | None = None,
         return _answer(body, "image/svg+xml", CSP_SVG)
 
     async def static(request: Request) -> Response:
-        asset = fleet_assets.STATIC.get(request.path)
+        asset = files.static.get(request.path)
         if asset is None:
             raise HttpError(HTTPStatus.NOT_FOUND, "no such file")
-        content_type, text = asset
-        return _answer(text.encode(), content_type)
+        content_type, body = asset
+        return _answer(body, content_type)
 
     routes.add("GET", "/", index)
     routes.add("GET", "/nodes/", node_page, prefix=True)

@@ -1,5 +1,6 @@
-"""Raw HTTP/1.1 exchanges with the controller's HTTP listener, so malformed requests reach the
-server exactly as sent."""
+"""Raw HTTP/1.1 exchanges with memtopo's HTTP server (memtopo/httpserve.py: the controller's
+listener, the agent's health port), so malformed requests reach the server exactly as sent. The
+requests name a Host and a media type the server accepts; a test of those checks writes its own."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ async def exchange(port: int, raw: bytes, timeout: float = 10.0) -> tuple[int, d
 
 
 def get(path: str, extra: str = "") -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n".encode()
 
 
 def post(path: str, body: bytes, extra: str = "") -> bytes:
-    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
 
 
 async def read_response(reader: asyncio.StreamReader, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
@@ -36,3 +38,11 @@ async def read_response(reader: asyncio.StreamReader, timeout: float = 10.0) -> 
         else:
             body = await reader.read()
         return status, headers, body
+
+
+async def read_response_head_only(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """The status and headers of an answer with no body (HEAD): the next answer starts right after."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode().split("\r\n")
+    return int(lines[0].split(" ")[1]), {k.lower(): v.strip() for k, _, v in
+                                         (line.partition(":") for line in lines[1:] if line)}, b""
