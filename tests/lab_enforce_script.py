@@ -64,7 +64,7 @@ def placement(cpus: str, mems: str) -> dict[str, str]:
 
 
 def container_pid(ctrd: Containerd, cid: str) -> int:
-    with cri.CriClient(ctrd.endpoint) as c:
+    with cri.CriClient(ctrd.endpoint, timeout=60.0) as c:  # a guest on a busy host answers slowly
         pid = c.container_status(cid).pid
     assert pid is not None
     return pid
@@ -83,12 +83,15 @@ def pages(pid: int) -> dict[str, int]:
 
 
 def wait_touched(pid: int, limit_s: float = 120.0) -> dict[str, int]:
+    """The pages once the shell holds its variable: past :data:`TOUCHED_PAGES` and no longer growing."""
     deadline = time.monotonic() + limit_s
+    last: dict[str, int] = {}
     while True:
         seen = pages(pid)
-        if sum(seen.values()) >= TOUCHED_PAGES or time.monotonic() > deadline:
+        if (sum(seen.values()) >= TOUCHED_PAGES and seen == last) or time.monotonic() > deadline:
             return seen
-        time.sleep(0.5)
+        last = seen
+        time.sleep(1.0)
 
 
 def no_topology() -> pb.MemoryTopology:

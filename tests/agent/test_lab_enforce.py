@@ -41,6 +41,7 @@ def reports() -> dict[str, dict[str, Any]]:
         line = next((ln for ln in stdout.splitlines() if ln.startswith(MARK)), None)
         assert proc.returncode == 0 and line is not None, f"{version}: exit {proc.returncode}\n{stderr[-3000:]}"
         out[version] = json.loads(line[len(MARK):])
+        print(f"{version}: {line}")  # the whole report, for a failure's captured output
     return out
 
 
@@ -78,9 +79,10 @@ def test_a_pinned_containers_pages_move_to_its_memory_node(reports: dict[str, di
     moved = reports[version]["scenarios"]["moved"]
     assert (moved["cgroup_cpus"], moved["cgroup_mems"], moved["mems_allowed"]) == ("3", "1", "1")
     before, after = moved["pages_before"], moved["pages_after"]
-    # It touched its memory on node 0; pinned to node 1, the pages are there (a few shared ones, the
-    # busybox text other containers map too, may stay: migrate_pages moves a process's own).
-    assert before.get("0", 0) >= 2000 and before.get("1", 0) < before["0"] // 10, moved
+    # It touched its memory on node 0 (the busybox file pages it maps may lie anywhere: other
+    # containers read them first); pinned to node 1, its pages are there. A few shared ones may stay:
+    # migrate_pages moves the pages a process maps alone.
+    assert before.get("0", 0) >= 2000, moved
     assert after.get("1", 0) >= before["0"] * 9 // 10 and after.get("0", 0) < before["0"] // 10, moved
     [plan] = moved["plans"]
     assert plan["state"] in ("STATE_APPLIED", "STATE_UNCHANGED") and len(plan["actions"]) == len(moved["procs"]) >= 1
