@@ -608,14 +608,15 @@ class Agent:
                       message="a pod source was given without a reporter, or a reporter without a pod source; "
                               "nothing is enforced")
             return None
-        from memtopo.agent.enforce import enforcer_for
+        from memtopo.agent.enforce import EngineMigrator, enforcer_for
 
         def topology() -> pb.MemoryTopology | None:
             cur = self.state.current
             return cur.topology if cur is not None else None
 
+        migrate = EngineMigrator(self.engine) if self.engine is not None else None
         return enforcer_for(self.config.kubernetes, self.config.node_name, fs, topology, self.pod_source,
-                            self.pod_reporter, self.metrics.registry)
+                            self.pod_reporter, self.metrics.registry, migrate)
 
     async def _stop_health(self) -> None:
         if self.health_server is not None:

@@ -10,14 +10,20 @@ A thin loop around ``k8s/enforcement.py`` (the decisions) and ``k8s/cri.py`` (th
 4. carry it out in the order that never lets two pods share a CPU: shared containers leave CPUs that
    became exclusive, then each pod's containers are pinned — all of a pod's updates or none (the
    ones made are undone when one fails) — then shared containers get the rest of the pool;
-5. tell each pod what happened through the reporter seam (status annotation + Event, on change only).
+5. tell each pod what happened through the reporter seam (status annotation + Event, on change only);
+6. move the memory of a container just pinned to fewer memory nodes than the node has: setting
+   ``cpuset.mems`` leaves pages already allocated where they are, so the processes of its cgroup get
+   a page migration plan through the apply engine (journaled and validated like every plan), off the
+   event loop, once per container and memory node set. Its outcome is reported (the status
+   annotation's ``memory``); a failure never undoes the pinning.
 
 It runs again on every pod change, on every runtime event where the runtime has them (containerd 1.6
 has none: it polls), and every ``interval`` seconds, which is what finds and restores drift. Nothing
 that goes wrong stops it: a runtime that is missing, hangs or answers garbage makes the state
 ``runtime_unavailable`` and the next pass tries again; a report that fails is retried.
 
-The two seams the API side provides are :class:`PodSource` and :class:`PodReporter`.
+The two seams the API side provides are :class:`PodSource` and :class:`PodReporter`; the daemon wires
+:data:`Migrator` to its apply engine (:class:`EngineMigrator`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -42,12 +48,21 @@ from memtopo.k8s import enforcement as ef
 from memtopo.k8s.facts import EnforcedCpus, KubeletFacts
 from memtopo.mounts import Mount, cgroup_mounts, parse_proc_cgroup
 from memtopo.text import shorten
+from memtopo.v1 import plan_pb2 as planpb
 from memtopo.v1 import topology_pb2 as pb
+
+if TYPE_CHECKING:
+    from memtopo.apply.engine import Engine
 
 log = structlog.get_logger()
 
 DEFAULT_INTERVAL_S = 1.0
 REPORT_TIMEOUT_S = 10.0
+# A container's processes whose pages one migration plan moves (one plan action each); a container
+# with more gets the first ones, and the log says so.
+MAX_MOVED_PROCS = 1024
+# cgroup.procs of that many processes and far more: a larger file is not read.
+MAX_PROCS_BYTES = 1 << 16
 
 
 # ---- the seams the API side provides ---------------------------------------------------------------
@@ -82,6 +97,27 @@ class PodReporter(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class MemoryMove:
+    """The pages of a pinned container's processes to move off ``from_nodes`` onto ``to_nodes``."""
+
+    pod_uid: str
+    container: str  # the runtime's container id
+    pids: tuple[int, ...]
+    from_nodes: tuple[int, ...]
+    to_nodes: tuple[int, ...]
+
+
+class MemoryMoveError(Exception):
+    """The memory could not be moved; the message (short) says why."""
+
+
+# Moves the pages (in a worker thread): MOVED or IN_PLACE, or raises (MemoryMoveError says why).
+Migrator = Callable[[MemoryMove], str]
+MOVED: Final = "moved"  # pages were moved onto the container's memory nodes
+IN_PLACE: Final = "in place"  # nothing was on other nodes (or the kernel moved it with cpuset.mems)
+
+
 # ---- a container's cpuset, from its cgroup ---------------------------------------------------------
 class CgroupCpusets:
     """Reads a process's cpuset (effective CPUs and memory nodes) from its cgroup under ``fs``."""
@@ -95,7 +131,9 @@ class CgroupCpusets:
         self.v1 = [m for m in visible if m.fstype == "cpuset" or (m.fstype == "cgroup" and "cpuset" in m.options)]
         self.v2 = [m for m in visible if m.fstype == "cgroup2"]
 
-    def _files(self, pid: int) -> tuple[str, str] | None:
+    def _cgroup(self, pid: int) -> tuple[str, tuple[str, str]] | None:
+        """The process's cpuset cgroup directory under the root, and the names of its effective CPU
+        and memory node files there."""
         try:
             cg = parse_proc_cgroup(self.fs.read_text(f"proc/{pid}/cgroup"))
         except HostReadError:
@@ -110,8 +148,32 @@ class CgroupCpusets:
             rel = f"{mount.mount_point.strip('/')}/{path[len(root):].strip('/')}".rstrip("/")
             if mount.fstype == "cpuset" or "noprefix" in mount.options:
                 names = ("effective_cpus", "effective_mems")
-            return f"{rel}/{names[0]}", f"{rel}/{names[1]}"
+            return rel, names
         return None
+
+    def _files(self, pid: int) -> tuple[str, str] | None:
+        found = self._cgroup(pid)
+        if found is None:
+            return None
+        rel, names = found
+        return f"{rel}/{names[0]}", f"{rel}/{names[1]}"
+
+    def procs(self, pid: int) -> tuple[int, ...] | None:
+        """The processes of ``pid``'s cpuset cgroup (``cgroup.procs``, as the agent's PID namespace
+        numbers them), at most :data:`MAX_MOVED_PROCS`; None when it cannot be read."""
+        found = self._cgroup(pid)
+        if found is None:
+            return None
+        try:
+            text = self.fs.read_text(f"{found[0]}/cgroup.procs", MAX_PROCS_BYTES)
+        except HostReadError:
+            return None
+        pids: list[int] = []
+        for line in text.split():
+            if not line.isdigit():
+                return None
+            pids.append(int(line))
+        return tuple(dict.fromkeys(pids))
 
     def read(self, pid: int) -> ef.Observed:
         files = self._files(pid)
@@ -146,6 +208,16 @@ class PassResult:
     outcomes: dict[str, ef.Outcome] = field(default_factory=dict)
     pods: dict[str, ef.PodView] = field(default_factory=dict)
     updated: list[str] = field(default_factory=list)  # container ids changed in this pass
+    moves: list[PendingMove] = field(default_factory=list)  # memory to move, started after the pass
+
+
+@dataclass(frozen=True)
+class PendingMove:
+    pod_uid: str
+    container: str
+    pid: int  # the container's first process: its cgroup names the others
+    from_nodes: tuple[int, ...]
+    to_nodes: tuple[int, ...]
 
 
 class Enforcer:
@@ -155,9 +227,12 @@ class Enforcer:
     def __init__(self, *, node: Callable[[], ef.NodeFacts | None], kubelet: Callable[[], KubeletFacts],
                  connect: Callable[[], cri.CriClient], pods: PodSource, reporter: PodReporter,
                  cpusets: Callable[[int], ef.Observed], metrics: EnforceMetrics | None = None,
-                 interval: float = DEFAULT_INTERVAL_S) -> None:
+                 interval: float = DEFAULT_INTERVAL_S, migrate: Migrator | None = None,
+                 procs: Callable[[int], Sequence[int] | None] | None = None) -> None:
         self.node, self.kubelet, self.connect = node, kubelet, connect
         self.pods, self.reporter, self.cpusets = pods, reporter, cpusets
+        # Without a migrator (or a way to find a container's processes) pages stay where they are.
+        self.migrate, self.procs = migrate, procs
         self.metrics = metrics or EnforceMetrics()
         self.interval = interval
         self.held: dict[str, ef.Assignment] = {}
@@ -167,8 +242,11 @@ class Enforcer:
         self._events_client: cri.CriClient | None = None
         self._pids: dict[str, int] = {}
         self._targets: dict[str, ef.Target] = {}  # container id → the cpuset memtopo last gave it
-        self._reported: dict[str, str] = {}  # pod uid → annotation value last written
+        self._reported: dict[str, tuple[str, str]] = {}  # pod uid → (annotation without memory, memory) written
         self._said: set[str] = set()  # one-time log lines already written
+        self._moved: dict[str, tuple[int, ...]] = {}  # container id → memory nodes its pages were sent to
+        self._memory: dict[str, dict[str, str]] = {}  # pod uid → container id → how moving its pages went
+        self._moving: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._lock = threading.Lock()
         self._exclusive = EnforcedCpus(False, note="not started")
@@ -229,7 +307,14 @@ class Enforcer:
             for w in watchers:
                 w.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
+            # A migration in the engine finishes (or rolls back) there; its journal is closed first.
+            await self.moves_done()
             self.close()
+
+    async def moves_done(self) -> None:
+        """Return once every memory move started so far has ended (and been recorded)."""
+        while self._moving:
+            await asyncio.shield(asyncio.gather(*self._moving, return_exceptions=True))
 
     async def _watch_pods(self) -> None:
         while True:
@@ -285,6 +370,8 @@ class Enforcer:
         self.metrics.set_state(result.state)
         self.last = result
         self._track_exclusive(result)
+        for move in result.moves:
+            self._start_move(move)
         if result.state == "active":
             counts = {s: 0 for s in ef.STATES}
             for o in result.outcomes.values():
@@ -391,7 +478,30 @@ class Enforcer:
         self._targets = dict(decision.shared)
         for targets in decision.pinned.values():
             self._targets.update(targets)
+        self._plan_moves(node, decision, result)
         return result
+
+    def _plan_moves(self, node: ef.NodeFacts, decision: ef.Decision, result: PassResult) -> None:
+        """The memory to move after this pass: of each container pinned in it, once per set of memory
+        nodes (a drift put back moves nothing again)."""
+        for cid in [c for c in self._moved if c not in self._pids]:
+            del self._moved[cid]
+        if self.migrate is None or self.procs is None:
+            return
+        updated = set(result.updated)
+        for uid, targets in decision.pinned.items():
+            for cid, target in targets.items():
+                if cid not in updated:
+                    continue
+                span = ef.memory_move(target, node)
+                if span is None:
+                    self._moved.pop(cid, None)
+                    continue
+                pid = self._pids.get(cid)
+                if pid is None or self._moved.get(cid) == span[1]:
+                    continue
+                self._moved[cid] = span[1]
+                result.moves.append(PendingMove(uid, cid, pid, *span))
 
     def _drifted(self, cid: str, target: ef.Target, seen: ef.Observed) -> None:
         before = self._targets.get(cid)
@@ -454,28 +564,84 @@ class Enforcer:
         self.metrics.updates.labels("undone").inc()
         result.updated.remove(cid)
 
+    # ---- moving memory (a task on the loop, the migration in a worker thread) ----------------------
+    def _start_move(self, move: PendingMove) -> None:
+        self._memory.setdefault(move.pod_uid, {}).pop(move.container, None)
+        task = asyncio.create_task(self._run_move(move), name=f"enforce_move_{move.container[:12]}")
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+
+    async def _run_move(self, move: PendingMove) -> None:
+        started = time.perf_counter()
+        try:
+            outcome = await asyncio.to_thread(self._move, move)
+        except Exception as exc:
+            reason = shorten(str(exc) or type(exc).__name__, 160)
+            self.metrics.migrations.labels("failed").inc()
+            log.warning("enforce_memory_move_failed", pod_uid=move.pod_uid, container=move.container[:12],
+                        from_nodes=format_cpulist(move.from_nodes), to_nodes=format_cpulist(move.to_nodes),
+                        reason=reason)
+            outcome = f"failed: {reason}"
+        else:
+            self.metrics.migrations.labels("moved" if outcome == MOVED else "in_place").inc()
+            log.info("enforce_memory_moved", pod_uid=move.pod_uid, container=move.container[:12], outcome=outcome,
+                     from_nodes=format_cpulist(move.from_nodes), to_nodes=format_cpulist(move.to_nodes),
+                     seconds=round(time.perf_counter() - started, 3))
+        if self._moved.get(move.container) == move.to_nodes:  # not pinned elsewhere meanwhile
+            self._memory.setdefault(move.pod_uid, {})[move.container] = outcome
+        self._wake.set()  # the next pass reports it
+
+    def _move(self, move: PendingMove) -> str:
+        assert self.migrate is not None and self.procs is not None
+        pids = self.procs(move.pid)
+        if pids is None:
+            raise MemoryMoveError("the container's cgroup.procs cannot be read")
+        if not pids:
+            raise MemoryMoveError("the container has no processes left")
+        if len(pids) > MAX_MOVED_PROCS:
+            log.warning("enforce_memory_move_truncated", container=move.container[:12], processes=len(pids),
+                        moved=MAX_MOVED_PROCS)
+        return self.migrate(MemoryMove(move.pod_uid, move.container, tuple(pids[:MAX_MOVED_PROCS]),
+                                       move.from_nodes, move.to_nodes))
+
+    def memory_state(self, uid: str) -> str:
+        """How moving the pod's pinned containers' pages went: the first failure, else ``moved`` if
+        any moved, else ``in place``; "" before any move ended."""
+        done = self._memory.get(uid, {}).values()
+        failed = next((o for o in done if o.startswith("failed")), None)
+        if failed is not None:
+            return failed
+        return MOVED if MOVED in done else IN_PLACE if done else ""
+
     # ---- reports (the event loop) ------------------------------------------------------------------
     async def _report(self, result: PassResult) -> None:
         for uid in list(self._reported):
             if uid not in result.pods:
                 del self._reported[uid]
+        for uid in list(self._memory):
+            if uid not in result.outcomes:
+                del self._memory[uid]
         for uid, outcome in result.outcomes.items():
             pod = result.pods.get(uid)
             if pod is None:
                 continue
-            value = ef.status_annotation(outcome)
-            if self._reported.get(uid) == value:
+            memory = self.memory_state(uid)
+            said = (ef.status_annotation(outcome), memory)
+            before = self._reported.get(uid)
+            if before == said:
                 continue
             try:
+                value = ef.status_annotation(outcome, memory)
                 await _bounded(self.reporter.annotate(pod.namespace, pod.name, uid, ef.STATUS_ANNOTATION, value))
-                event = _event(outcome)
+                # An Event for what changed: the pinning, or only how moving its memory went.
+                event = _event(outcome) if before is None or before[0] != said[0] else _memory_event(memory)
                 if event is not None:
                     await _bounded(self.reporter.event(pod.namespace, pod.name, uid, *event))
             except Exception as exc:
                 self.metrics.reports_failed.inc()
                 log.warning("enforce_report_failed", pod=pod.key, error=shorten(str(exc) or type(exc).__name__))
                 continue
-            self._reported[uid] = value
+            self._reported[uid] = said
             log.info("enforce_pod", pod=pod.key, state=outcome.state, reason=outcome.reason or None,
                      cpus=format_cpulist(outcome.assignment.cpus) if outcome.assignment else None)
 
@@ -494,6 +660,15 @@ def _event(outcome: ef.Outcome) -> tuple[str, str, str] | None:
         return "Warning", "CPUPinningFailed", outcome.reason
     if outcome.state == ef.PENDING and "retrying" in outcome.reason:
         return "Warning", "CPUPinningRetried", outcome.reason
+    return None
+
+
+def _memory_event(memory: str) -> tuple[str, str, str] | None:
+    if memory == MOVED:
+        return "Normal", "MemoryMoved", "pages of the pinned containers moved onto their memory nodes"
+    if memory.startswith("failed"):
+        return ("Warning", "MemoryMoveFailed", f"pages of a pinned container could not be moved onto its memory "
+                f"nodes ({memory.removeprefix('failed: ')}); its CPUs and memory nodes stay pinned")
     return None
 
 
@@ -530,11 +705,57 @@ class _Every:
         return self._value
 
 
+# ---- moving memory through the apply engine ----------------------------------------------------------
+def migration_plan(move: MemoryMove, plan_id: str) -> planpb.BindingPlan:
+    """One optional page migration action per process: one that exited meanwhile is skipped, and a
+    failed one leaves the others moved (a required one would move them all back)."""
+    plan = planpb.BindingPlan(plan_id=plan_id, policy="cpu-enforcement",
+                              description=f"memory of container {move.container[:12]} (pod uid {move.pod_uid}) "
+                                          f"onto the memory nodes it is pinned to")
+    for pid in move.pids:
+        plan.actions.add(id=f"pid-{pid}", required=False, page_migration=planpb.PageMigration(
+            pid=pid, from_nodes=move.from_nodes, to_nodes=move.to_nodes))
+    return plan
+
+
+def migration_outcome(result: planpb.PlanResult) -> str:
+    """MOVED or IN_PLACE for an engine result, or MemoryMoveError with its reason: refused, failed,
+    or no process whose pages could be read."""
+    status = planpb.ActionResult
+    if result.state == planpb.PlanResult.STATE_REJECTED:
+        raise MemoryMoveError(f"the plan was refused: {result.rejections[0] if result.rejections else result.message}")
+    done = [a for a in result.actions if a.status in (status.STATUS_APPLIED, status.STATUS_UNCHANGED)]
+    if result.state not in (planpb.PlanResult.STATE_APPLIED, planpb.PlanResult.STATE_UNCHANGED) or not done:
+        why = next((a.reason for a in result.actions if a.reason), result.message)
+        raise MemoryMoveError(f"plan {result.plan_id}: {why}")
+    return MOVED if any(a.status == status.STATUS_APPLIED for a in done) else IN_PLACE
+
+
+class EngineMigrator:
+    """The :data:`Migrator` of the agent's apply engine: a page migration plan per move, journaled and
+    validated like every plan, its id naming the container and when (a stored result is never
+    mistaken for a new move)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def __call__(self, move: MemoryMove) -> str:
+        plan_id = f"enforce-memory-{move.container[:12]}-{time.time_ns()}"
+        result = self.engine.apply(migration_plan(move, plan_id))
+        outcome = migration_outcome(result)
+        left = sum(int(a.details.get("pages_left_on_source", "0") or 0) for a in result.actions)
+        if left:
+            log.info("enforce_memory_left", container=move.container[:12], plan_id=plan_id, pages=left,
+                     from_nodes=format_cpulist(move.from_nodes))
+        return outcome
+
+
 def enforcer_for(cfg: KubernetesConfig, agent_node_name: str, fs: HostFS,
                  topology: Callable[[], pb.MemoryTopology | None], pods: PodSource, reporter: PodReporter,
-                 registry: CollectorRegistry | None = None) -> Enforcer:
+                 registry: CollectorRegistry | None = None, migrate: Migrator | None = None) -> Enforcer:
     """The agent's enforcement for its ``[kubernetes]`` section; ``topology`` gives the published
-    MemoryTopology (None before the first), ``fs`` is the agent's root."""
+    MemoryTopology (None before the first), ``fs`` is the agent's root, ``migrate`` moves a pinned
+    container's pages (:class:`EngineMigrator`; None leaves them where they are)."""
     import os
 
     from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS
@@ -559,6 +780,7 @@ def enforcer_for(cfg: KubernetesConfig, agent_node_name: str, fs: HostFS,
         # Resolved at each connect: a runtime that starts after the agent is found when it does.
         return cri.CriClient(cri.resolve_endpoint(cfg.runtime_endpoint))
 
+    cgroups = CgroupCpusets(fs)
     return Enforcer(node=node, kubelet=kubelet, connect=connect, pods=pods, reporter=reporter,
-                    cpusets=CgroupCpusets(fs).read, metrics=EnforceMetrics(registry),
-                    interval=cfg.enforce_interval_seconds)
+                    cpusets=cgroups.read, metrics=EnforceMetrics(registry),
+                    interval=cfg.enforce_interval_seconds, migrate=migrate, procs=cgroups.procs)

@@ -465,6 +465,7 @@ EnforceState = Literal["off", "waiting", "kubelet", "active", "runtime_unavailab
 ENFORCE_STATES: Final[tuple[EnforceState, ...]] = get_args(EnforceState)
 ENFORCE_POD_STATES: Final = ("applied", "pending", "failed")
 ENFORCE_UPDATE_RESULTS: Final = ("ok", "failed", "undone")
+ENFORCE_MIGRATION_RESULTS: Final = ("moved", "in_place", "failed")
 # A pass lists the runtime's containers and reads their cgroups: milliseconds, up to seconds with a
 # slow runtime (each CRI call has its own deadline).
 ENFORCE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -491,12 +492,17 @@ class EnforceMetrics:
         self.reports_failed = Counter(PREFIX + "enforce_reports_failed",
                                       "Pod status annotations or Events that could not be written (retried).",
                                       registry=reg)
+        self.migrations = Counter(PREFIX + "enforce_migrations",
+                                  "Page migration plans for containers pinned to fewer memory nodes than the node "
+                                  "has, by result (in_place: nothing was on other nodes).", ["result"], registry=reg)
         self.pass_duration = Histogram(PREFIX + "enforce_pass_duration_seconds", "Time one enforcement pass took.",
                                        buckets=ENFORCE_BUCKETS, registry=reg)
         for s in ENFORCE_POD_STATES:
             self.pods.labels(s)
         for r in ENFORCE_UPDATE_RESULTS:
             self.updates.labels(r)
+        for r in ENFORCE_MIGRATION_RESULTS:
+            self.migrations.labels(r)
 
     def set_state(self, state: EnforceState) -> None:
         self._state.set("", state)

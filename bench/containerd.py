@@ -29,7 +29,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -293,9 +293,11 @@ class Kubelet:
         self.pods: dict[str, Pod] = {}
 
     def run_pod(self, name: str, containers: Mapping[str, Mapping[str, str | int]] | list[str],
-                namespace: str = "default", uid: str | None = None, timeout: float = 60.0) -> Pod:
+                namespace: str = "default", uid: str | None = None, timeout: float = 60.0,
+                commands: Mapping[str, Sequence[str]] | None = None) -> Pod:
         """A running pod with the named containers; a container's mapping may set ``cpu_shares``,
-        ``cpu_quota``, ``cpu_period``, ``cpuset_cpus``, ``cpuset_mems`` at creation."""
+        ``cpu_quota``, ``cpu_period``, ``cpuset_cpus``, ``cpuset_mems`` at creation, ``commands`` what
+        a container runs (busybox applets; a long sleep by default)."""
         uid = uid or str(uuid.uuid4())
         specs: Mapping[str, Mapping[str, str | int]] = (
             {c: {} for c in containers} if isinstance(containers, list) else containers)
@@ -311,19 +313,19 @@ class Kubelet:
         self.pods[uid] = pod
         ids: dict[str, str] = {}
         for cname, spec in specs.items():
-            ids[cname] = self.add_container(pod, cname, spec, timeout)
+            ids[cname] = self.add_container(pod, cname, spec, timeout, (commands or {}).get(cname))
         pod = Pod(uid, name, namespace, sandbox, config, ids)
         self.pods[uid] = pod
         return pod
 
     def add_container(self, pod: Pod, cname: str, spec: Mapping[str, str | int] | None = None,
-                      timeout: float = 60.0) -> str:
+                      timeout: float = 60.0, command: Sequence[str] | None = None) -> str:
         spec = spec or {}
         res = cri.LinuxContainerResources(**{k: v for k, v in spec.items()})  # type: ignore[arg-type]
         labels = {**pod.config.labels, crimod.CONTAINER_NAME_LABEL: cname}
         cfg = cri.ContainerConfig(
             metadata=cri.ContainerMetadata(name=cname), image=cri.ImageSpec(image=IMAGE),
-            command=["/bin/sleep", "100000"], labels=labels, log_path=f"{cname}/0.log",
+            command=list(command or ("/bin/sleep", "100000")), labels=labels, log_path=f"{cname}/0.log",
             linux=cri.LinuxContainerConfig(resources=res, security_context=cri.LinuxContainerSecurityContext(
                 namespace_options=cri.NamespaceOption(network=cri.NODE, pid=cri.CONTAINER, ipc=cri.NODE))))
         cid = self.stub.CreateContainer(cri.CreateContainerRequest(

@@ -383,10 +383,27 @@ def needs_update(target: Target, seen: Observed | None, *, pinned: bool) -> bool
     return pinned and bool(target.mems) and seen.mems is not None and seen.mems != frozenset(target.mems)
 
 
-def status_annotation(outcome: Outcome) -> str:
+def memory_move(target: Target, node: NodeFacts) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The memory nodes a pinned container's pages should leave and the ones they go to, or None when
+    there is nowhere wrong for them to be: its memory nodes are left as they are, or are all of the
+    node's. Setting ``cpuset.mems`` does not move pages already allocated (cgroup v1's
+    ``cpuset.memory_migrate`` is off by default), so a container pinned after it touched memory keeps
+    it on the nodes it had until it is moved."""
+    if not target.mems:
+        return None
+    away = node.memory_nodes - set(target.mems)
+    if not away:
+        return None
+    return tuple(sorted(away)), tuple(sorted(target.mems))
+
+
+def status_annotation(outcome: Outcome, memory: str = "") -> str:
     """The ``memtopo.io/enforcement`` value: state, CPUs and memory nodes (and each container's share),
-    the pod generation it was decided for, and the reason or note."""
+    the pod generation it was decided for, the reason or note, and (``memory``) how moving its pinned
+    containers' pages onto their memory nodes went, once it has."""
     doc: dict[str, Any] = {"state": outcome.state, "generation": outcome.generation}
+    if memory:
+        doc["memory"] = memory
     a = outcome.assignment
     if a is not None:
         doc.update(cpus=format_cpulist(a.cpus), mems=format_cpulist(a.mems), source=a.how,

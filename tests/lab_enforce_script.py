@@ -3,8 +3,9 @@ it, once with cgroup v1 and once with v2): a real containerd in the guest, on a 
 NUMA nodes (``dual-socket-cxl``: CPUs 0-1 on node 0, 2-3 on node 1, node 2 memory without CPUs).
 
 It only *observes*: it runs the pods, one enforcement pass per scenario, and reports what each
-container's cgroup and ``/proc/PID/status`` say, as one JSON line after :data:`MARK`; the test makes
-the assertions on the host. Progress goes to stderr.
+container's cgroup and ``/proc/PID/status`` say (and, for the container whose memory is moved, its
+pages per node from ``/proc/PID/numa_maps`` and the apply engine's result), as one JSON line after
+:data:`MARK`; the test makes the assertions on the host. Progress goes to stderr.
 
     numa-vm run --profile dual-socket-cxl [--cgroup v1] -- .venv/bin/python tests/lab_enforce_script.py
 """
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -32,15 +34,25 @@ from bench.enforce_standins import (  # noqa: E402
     StandinReporter,
     host_node,
     kubelet_facts,
+    pod_object,
     resources,
     run_pod,
 )
-from memtopo.agent.enforce import CgroupCpusets, Enforcer  # noqa: E402
+from memtopo.agent.enforce import CgroupCpusets, Enforcer, EngineMigrator  # noqa: E402
+from memtopo.apply.engine import Engine  # noqa: E402
+from memtopo.apply.host import Host, parse_numa_maps  # noqa: E402
+from memtopo.apply.hostfacts import light_facts  # noqa: E402
 from memtopo.hostfs import HostFS  # noqa: E402
 from memtopo.k8s import cri  # noqa: E402
 from memtopo.k8s import enforcement as ef  # noqa: E402
+from memtopo.v1 import plan_pb2 as planpb  # noqa: E402
+from memtopo.v1 import topology_pb2 as pb  # noqa: E402
 
 MARK = "LAB-ENFORCE-REPORT:"
+# What the container whose memory is moved runs: about 15 MB of shell variable, allocated at once
+# on the memory nodes it starts with, then held.
+TOUCH = ["/bin/sh", "-c", "a=$(busybox seq 1 2000000); while true; do sleep 1000; done"]
+TOUCHED_PAGES = 2000  # 8 MB: the variable is there
 
 
 def say(msg: str) -> None:
@@ -51,13 +63,39 @@ def placement(cpus: str, mems: str) -> dict[str, str]:
     return {ef.PLACEMENT_ANNOTATION: json.dumps({"node": NODE, "cpus": cpus, "memory": {"nodes": mems}})}
 
 
-def observe(ctrd: Containerd, cid: str) -> dict[str, Any]:
-    with cri.CriClient(ctrd.endpoint) as c:
+def container_pid(ctrd: Containerd, cid: str) -> int:
+    with cri.CriClient(ctrd.endpoint, timeout=60.0) as c:  # a guest on a busy host answers slowly
         pid = c.container_status(cid).pid
     assert pid is not None
+    return pid
+
+
+def observe(ctrd: Containerd, cid: str) -> dict[str, Any]:
+    pid = container_pid(ctrd, cid)
     cpus, mems = cgroup_cpuset(pid)
     allowed_cpus, allowed_mems = proc_allowed(pid)
     return {"cgroup_cpus": cpus, "cgroup_mems": mems, "cpus_allowed": allowed_cpus, "mems_allowed": allowed_mems}
+
+
+def pages(pid: int) -> dict[str, int]:
+    """Pages per NUMA node of the process, from ``/proc/PID/numa_maps``."""
+    return {str(n): c for n, c in parse_numa_maps(Path(f"/proc/{pid}/numa_maps").read_text()).items()}
+
+
+def wait_touched(pid: int, limit_s: float = 120.0) -> dict[str, int]:
+    """The pages once the shell holds its variable: past :data:`TOUCHED_PAGES` and no longer growing."""
+    deadline = time.monotonic() + limit_s
+    last: dict[str, int] = {}
+    while True:
+        seen = pages(pid)
+        if (sum(seen.values()) >= TOUCHED_PAGES and seen == last) or time.monotonic() > deadline:
+            return seen
+        last = seen
+        time.sleep(1.0)
+
+
+def no_topology() -> pb.MemoryTopology:
+    raise RuntimeError("a page migration plan is validated from the host's files")
 
 
 def main() -> int:
@@ -81,9 +119,21 @@ def main() -> int:
     try:
         k = ctrd.kubelet()
         pods, reporter = StandinPods(), StandinReporter()
+        # The agent's wiring: pinned containers' pages are moved through an apply engine.
+        engine = Engine(Host.live(), no_topology, work / "apply-state",
+                        facts_provider=lambda plan: light_facts(plan, HostFS.at("/")))
+        cgroups = CgroupCpusets(HostFS.at("/"))
         enforcer = Enforcer(node=lambda: node, kubelet=lambda: kubelet_facts(), pods=pods, reporter=reporter,
                             connect=lambda: cri.CriClient(ctrd.endpoint, timeout=60.0),
-                            cpusets=CgroupCpusets(HostFS.at("/")).read, interval=1.0)
+                            cpusets=cgroups.read, interval=1.0, migrate=EngineMigrator(engine), procs=cgroups.procs)
+
+        async def settle() -> str:
+            """One pass, the memory moves it started, and the pass that reports them."""
+            state = (await enforcer.reconcile()).state
+            await enforcer.moves_done()
+            await enforcer.reconcile()
+            return state
+
         scenarios: dict[str, Any] = {}
         # A placement on node 1 with memory on node 1.
         a, a_obj = run_pod(k, "numa1", {"app": resources("2")}, placement("2-3", "1"), created="2026-01-01T00:00:01Z")
@@ -92,10 +142,10 @@ def main() -> int:
         shared, s_obj = run_pod(k, "shared", {"web": resources(None, None)}, created="2026-01-01T00:00:03Z")
         for obj in (a_obj, b_obj, s_obj):
             pods.put(obj)
-        result = asyncio.run(enforcer.reconcile())
-        say(f"pass: {result.state} {result.message}")
+        placed_state = asyncio.run(settle())
+        say(f"pass: {placed_state} {enforcer.last.message}")
         scenarios["placed"] = {
-            "state": result.state,
+            "state": placed_state,
             "numa1": {"status": reporter.status(a.uid), **observe(ctrd, a.containers["app"])},
             "far": {"status": reporter.status(b.uid), **observe(ctrd, b.containers["app"])},
             "shared": observe(ctrd, shared.containers["web"]),
@@ -111,6 +161,24 @@ def main() -> int:
         asyncio.run(enforcer.reconcile())
         scenarios["chosen"] = {"status": reporter.status(c.uid), **observe(ctrd, c.containers["app"]),
                                "shared": observe(ctrd, shared.containers["web"])}
+        # Memory touched on node 0 (the container starts there), then pinned to node 1: its pages move.
+        spec: dict[str, str | int] = {"cpuset_cpus": "0-1", "cpuset_mems": "0"}
+        m = k.run_pod("moved", {"app": spec}, commands={"app": TOUCH})
+        m_obj = pod_object(m, {"app": resources("1")}, placement("3", "1"), created="2026-01-01T00:00:05Z")
+        pid = container_pid(ctrd, m.containers["app"])
+        before = wait_touched(pid)
+        say(f"touched: {before}")
+        pods.put(m_obj)
+        asyncio.run(settle())
+        plans = [r for r in engine.list_plans() if r.plan_id.startswith(f"enforce-memory-{m.containers['app'][:12]}")]
+        scenarios["moved"] = {
+            "status": reporter.status(m.uid), **observe(ctrd, m.containers["app"]), "pages_before": before,
+            "pages_after": pages(pid), "procs": list(cgroups.procs(pid) or ()),
+            "plans": [{"state": planpb.PlanResult.State.Name(r.state), "message": r.message,
+                       "journal": engine.store.journal_path(r.plan_id).is_file(),
+                       "actions": [{"status": planpb.ActionResult.Status.Name(a.status), "reason": a.reason,
+                                    **dict(a.details)} for a in r.actions]} for r in plans],
+        }
         report["scenarios"] = scenarios
     except Exception:
         report["error"] = traceback.format_exc()[-3000:]

@@ -12,6 +12,7 @@ import structlog
 
 from memtopo.agent.config import load_config
 from memtopo.agent.daemon import EXIT_OK, Agent
+from memtopo.agent.enforce import EngineMigrator
 from memtopo.agent.sdnotify import Notifier
 from memtopo.agent.tasks import Supervisor
 from memtopo.backoff import Backoff
@@ -193,3 +194,6 @@ def test_enforce_runs_beside_the_agent_and_reports_in_readyz(tmp_path: Path) -> 
     assert _run(agent, check) == EXIT_OK
     ready, checks = seen["ready"]
     assert ready and checks["enforce"].startswith("config_unreadable: kubelet configuration: no kubelet config")
+    # A pinned container's memory is moved through the agent's own apply engine.
+    assert agent.enforcer is not None and isinstance(agent.enforcer.migrate, EngineMigrator)
+    assert agent.enforcer.migrate.engine is agent.engine

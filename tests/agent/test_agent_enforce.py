@@ -26,11 +26,24 @@ from bench.enforce_standins import (
     resources,
     run_pod,
 )
-from memtopo.agent.enforce import CgroupCpusets, Enforcer
+from memtopo.agent.enforce import (
+    IN_PLACE,
+    CgroupCpusets,
+    Enforcer,
+    EngineMigrator,
+    MemoryMove,
+    MemoryMoveError,
+    Migrator,
+)
 from memtopo.agent.metrics import EnforceMetrics
+from memtopo.apply.engine import Engine
+from memtopo.apply.host import Host
+from memtopo.apply.hostfacts import light_facts
 from memtopo.hostfs import HostFS
 from memtopo.k8s import cri
 from memtopo.k8s import enforcement as ef
+from memtopo.v1 import plan_pb2 as planpb
+from memtopo.v1 import topology_pb2 as pb
 
 HOST_CPUS = sorted(host_node().allocatable)
 pytestmark = pytest.mark.skipif(len(HOST_CPUS) < 2, reason="needs at least 2 CPUs to share one and pin one")
@@ -39,11 +52,13 @@ ALL = ",".join(map(str, HOST_CPUS)) if len(HOST_CPUS) != 2 else f"{HOST_CPUS[0]}
 
 def make(ctrd: Containerd, pods: StandinPods, reporter: StandinReporter, *, policy: str | None = "none",
          endpoint: str | None = None, metrics: EnforceMetrics | None = None, reserved: tuple[int, ...] = (),
-         interval: float = 0.2) -> Enforcer:
+         interval: float = 0.2, migrate: Migrator | None = None) -> Enforcer:
     facts = kubelet_facts(policy)
+    cgroups = CgroupCpusets(HostFS.at("/"))
     return Enforcer(node=lambda: host_node(reserved), kubelet=lambda: facts,
                     connect=lambda: cri.CriClient(endpoint or ctrd.endpoint, timeout=5.0), pods=pods,
-                    reporter=reporter, cpusets=CgroupCpusets(HostFS.at("/")).read, metrics=metrics, interval=interval)
+                    reporter=reporter, cpusets=cgroups.read, metrics=metrics, interval=interval,
+                    migrate=migrate, procs=cgroups.procs)
 
 
 def pid_of(ctrd: Containerd, cid: str) -> int:
@@ -441,3 +456,53 @@ def test_cgroup_cpusets_are_read_through_the_host_mount_that_hides_the_pods_own(
     assert read(123) == ef.Observed(frozenset({4, 5}), frozenset({0}))
     assert read(7) == ef.Observed(frozenset(range(4)), frozenset({0}))
     assert read(999) == ef.Observed(None, None)  # a process that went away
+
+
+def test_a_pinned_containers_memory_move_is_a_plan_the_engine_runs(containerd: Containerd, kubelet: Kubelet,
+                                                                   tmp_path: Path) -> None:
+    """With the agent's engine behind the migration seam. This host has one NUMA node: a pinned container
+    cannot have pages on a wrong one, so the pass starts no move; the move it starts on a host with
+    several (the lab shows one) is then made by hand for the same container: its processes as its
+    cgroup lists them, a plan the real engine validates, journals and runs to a result (page placement
+    itself cannot change here)."""
+
+    def no_topology() -> pb.MemoryTopology:
+        raise AssertionError("a page migration plan is validated from the host's files")
+
+    engine = Engine(Host.live(), no_topology, tmp_path / "state",
+                    facts_provider=lambda plan: light_facts(plan, HostFS.at("/")))
+    migrate, calls = EngineMigrator(engine), []
+
+    def record(move: MemoryMove) -> str:
+        calls.append(move)
+        return migrate(move)
+
+    pods, reporter = StandinPods(), StandinReporter()
+    p, obj = run_pod(kubelet, "moving", {"app": resources("1")})
+    pods.put(obj)
+    enforcer = make(containerd, pods, reporter, migrate=record)
+
+    async def passes() -> None:
+        for _ in range(2):
+            await enforcer.reconcile()
+            await enforcer.moves_done()
+
+    asyncio.run(passes())
+    assert reporter.status(p.uid)["state"] == "applied" and reporter.status(p.uid)["mems"] == "0"
+    assert calls == [] and "memory" not in reporter.status(p.uid) and engine.list_plans() == []
+    cid = p.containers["app"]
+    pid = pid_of(containerd, cid)
+    pids = CgroupCpusets(HostFS.at("/")).procs(pid)
+    assert pids is not None and pid in pids
+    assert migrate(MemoryMove(p.uid, cid, pids, (0,), (0,))) == IN_PLACE
+    [result] = engine.list_plans()  # as stored in the state directory
+    assert result.plan_id.startswith(f"enforce-memory-{cid[:12]}-")
+    assert result.state == planpb.PlanResult.STATE_UNCHANGED
+    assert [(a.action_id, a.status) for a in result.actions] == [
+        (f"pid-{q}", planpb.ActionResult.STATUS_UNCHANGED) for q in pids]
+    assert result.actions[0].details["pages_to_move"] == "0" and "N0=" in result.actions[0].details["pages_before"]
+    # Nothing to move: nothing changed, so no journal was begun; the result is stored.
+    assert engine.result(result.plan_id) == result and not engine.store.journal_path(result.plan_id).exists()
+    # A node the host does not have is refused by validation, not attempted.
+    with pytest.raises(MemoryMoveError, match=r"refused: pid-.*NUMA node 1 does not exist"):
+        migrate(MemoryMove(p.uid, cid, pids, (1,), (0,)))

@@ -184,3 +184,18 @@ def test_the_extenders_placement_json_is_read() -> None:
         memory_locality_fitness=1.0, intra_node_fitness=1.0)
     got = ef.parse_placement(json.dumps(decision.to_json(), separators=(",", ":")))
     assert got == ef.Placement("n1", cpus("4,5,12,13"), (1, 2))
+
+
+def test_memory_is_moved_only_off_the_nodes_a_pinned_container_may_not_use() -> None:
+    # NODE's memory nodes are 0, 1 and 2 (2 without CPUs).
+    assert ef.memory_move(ef.Target(cpus("4"), (1,)), NODE) == ((0, 2), (1,))
+    assert ef.memory_move(ef.Target(cpus("4"), (2, 1)), NODE) == ((0,), (1, 2))
+    assert ef.memory_move(ef.Target(cpus("4"), (0, 1, 2)), NODE) is None  # on every node: nothing is wrong
+    assert ef.memory_move(ef.Target(cpus("4")), NODE) is None  # memory nodes left as they are
+
+
+def test_the_status_says_how_moving_memory_went_once_it_has() -> None:
+    a = ef.Assignment("a", cpus("4"), {"x": cpus("4")}, (1,), "chosen")
+    outcome = ef.Outcome(ef.APPLIED, "", a, 3)
+    assert "memory" not in json.loads(ef.status_annotation(outcome))
+    assert json.loads(ef.status_annotation(outcome, "failed: x"))["memory"] == "failed: x"
