@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -202,17 +201,19 @@ class AgentProcess:
         self.stop()
 
 
-# The controller does not configure logging: structlog's default console line, e.g.
-# ``2025-… [info     ] snapshot_stored   fingerprint=… generation=7 node=bench-node peer=…``.
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STORED = re.compile(r"\bsnapshot_stored\b.*?\bgeneration=(\d+)")
-
-
 def stored_generation(line: str) -> int | None:
-    """The generation of a controller ``snapshot_stored`` log line (logged right after the fleet
-    stored the snapshot); None for any other line."""
-    m = _STORED.search(_ANSI.sub("", line))
-    return int(m.group(1)) if m else None
+    """The generation of a controller ``snapshot_stored`` event (logged right after the fleet stored the
+    snapshot; one JSON object a line, as the controller logs by default); None for any other line."""
+    if '"snapshot_stored"' not in line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("event") != "snapshot_stored":
+        return None
+    generation = event.get("generation")
+    return generation if isinstance(generation, int) else None
 
 
 class ControllerProcess:
