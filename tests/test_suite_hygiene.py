@@ -148,3 +148,12 @@ def test_xdist_groups_hold(tmp_path: Path) -> None:
     workers = {m.group(1) for m in re.finditer(r"\[(gw\d+)\].*PASSED .*test_grouped", res.stdout)}
     assert len(re.findall(r"PASSED .*test_grouped\[\d\]@one-at-a-time", res.stdout)) == 6, res.stdout[-3000:]
     assert len(workers) == 1, res.stdout[-3000:]
+
+
+def test_every_module_that_boots_the_lab_is_in_its_xdist_group() -> None:
+    """A lab guest takes a core for minutes: every module that boots one carries the lab's marks (its
+    xdist group), so its module-scoped boot runs once, on one worker, after the other boots."""
+    booting = [p for p in TESTS if p.name.startswith("test_") and '"run", "--profile"' in p.read_text()]
+    assert len(booting) >= 3  # the discovery, apply and enforcement lab tests
+    ungrouped = sorted(str(p.relative_to(REPO)) for p in booting if "pytestmark = lab_marks" not in p.read_text())
+    assert ungrouped == []

@@ -8,22 +8,21 @@ Runs when MEMTOPO_LAB=1 (tools/test.sh sets it after ``numa-vm setup`` succeeded
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from typing import Any
 
 import pytest
 
 from tests.fixtures import REPO, SHARED
+from tests.lab import lab_marks
 
 NUMA_VM = SHARED / "lab" / "numa-vm"
 MARK = "LAB-ENFORCE-REPORT:"
 PROFILE = "dual-socket-cxl"
 
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.environ.get("MEMTOPO_LAB") != "1", reason="MEMTOPO_LAB=1 not set (lab not set up)"),
-]
+# The lab's marks, its xdist group included: the module's guests boot once, on one worker (without the
+# group, xdist spread the parametrized tests over two workers and each booted both guests again).
+pytestmark = lab_marks
 
 
 @pytest.fixture(scope="module")
