@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,7 +123,8 @@ def test_a_child_killed_by_a_c_library_costs_that_source_only(monkeypatch: pytes
     topo = asyncio.run(isolated.discover_in_child(str(_crashing_root(tmp_path)), timeout=300))
     hw = _source(topo, "hwloc")
     assert hw.state == pb.SOURCE_STATE_DEGRADED
-    assert hw.reasons[0].startswith("left out: the discovery process died of SIGABRT while this probe ran")
+    # hwloc's assertion aborts, unless the corrupted heap faults first: which one is the allocator's.
+    assert re.match(r"left out: the discovery process died of SIG(ABRT|SEGV) while this probe ran", hw.reasons[0])
     assert _source(topo, "sysfs.numa").state != pb.SOURCE_STATE_UNAVAILABLE
     assert [n.id for n in topo.numa_nodes] == [0]
 
@@ -184,7 +186,7 @@ def test_a_command_whose_child_dies_reports_and_leaves_no_extraction(tmp_path: P
                          check=False)
     assert res.returncode == 0, res.stderr[-600:]
     # topo shows hwloc's status; the NodeResourceTopology has no sources, but its zone all the same.
-    assert ("died of SIGABRT" in res.stdout) if command[0] == "topo" else ("name: node-0" in res.stdout)
+    assert re.search(r"died of SIG(ABRT|SEGV)", res.stdout) if command[0] == "topo" else ("name: node-0" in res.stdout)
     assert not list(scratch.iterdir())
 
 
