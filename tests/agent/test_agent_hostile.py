@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -179,7 +180,8 @@ def test_a_discovery_child_that_dies_costs_its_source_not_readiness(workdir: Pat
         with grpc.insecure_channel(f"unix://{agent.sock}") as ch:
             topo = agent.stub(ch).GetTopology(apb.GetTopologyRequest(), timeout=10)
         hw = next(s for s in topo.sources if s.source == "hwloc")
-        assert "died of SIGABRT while this probe ran" in hw.reasons[0]
+        # hwloc's assertion aborts, unless the corrupted heap faults first.
+        assert re.search(r"died of SIG(ABRT|SEGV) while this probe ran", hw.reasons[0])
         assert topo.domains
         assert "hwloc" in agent.events("generation_published")[0]["degraded_sources"]
         agent.process.send_signal(signal.SIGHUP)  # and so does every rescan
