@@ -283,8 +283,9 @@ def certificates(tmp: Path) -> dict[str, Path]:
 
 
 # ---- the daemon in this process --------------------------------------------------------------------
-def inproc_agent(tmp_path: Path) -> DaemonAgent:
-    """The agent daemon (not a process) on the dual-socket capture, state under ``tmp_path/state``."""
+def inproc_agent(tmp_path: Path, extra: str = "", **seams: Any) -> DaemonAgent:
+    """The agent daemon (not a process) on the dual-socket capture, state under ``tmp_path/state``;
+    ``extra``: more TOML tables for its config; ``seams``: the Agent's keyword seams (pod_source …)."""
     from memtopo.agent.config import load_config
     from memtopo.agent.daemon import Agent as DaemonAgent
     from memtopo.agent.sdnotify import Notifier
@@ -293,8 +294,8 @@ def inproc_agent(tmp_path: Path) -> DaemonAgent:
     config.write_text(
         f'node_name = "inproc"\nroot = "{lab_root("dual-socket-cxl")}"\nstate_dir = "{tmp_path / "state"}"\n'
         f'[listen]\nsocket = "{tmp_path / "agent.sock"}"\n'
-        '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n')
-    return DaemonAgent(load_config(config), notifier=Notifier(None))
+        '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n' + extra)
+    return DaemonAgent(load_config(config), notifier=Notifier(None), **seams)
 
 
 def run_agent(agent: DaemonAgent, after_ready: Callable[[], object]) -> int:

@@ -10,41 +10,19 @@ from typing import Any
 import pytest
 import structlog
 
-from memtopo.agent.config import load_config
 from memtopo.agent.daemon import EXIT_OK, Agent
 from memtopo.agent.enforce import EngineMigrator
-from memtopo.agent.sdnotify import Notifier
 from memtopo.agent.tasks import Supervisor
 from memtopo.backoff import Backoff
 from memtopo.discovery.changes import Change
-from tests.fixtures import lab_root
-
-
-def _agent(tmp_path: Path) -> Agent:
-    config = tmp_path / "agent.toml"
-    config.write_text(
-        f'node_name = "inproc"\nroot = "{lab_root("dual-socket-cxl")}"\nstate_dir = "{tmp_path / "state"}"\n'
-        f'[listen]\nsocket = "{tmp_path / "agent.sock"}"\n'
-        '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n')
-    return Agent(load_config(config), notifier=Notifier(None))
-
-
-def _run(agent: Agent, after_ready: Any) -> int:
-    async def main() -> int:
-        run = asyncio.create_task(agent.run())
-        while agent.server is None or agent.state.current is None:
-            assert not run.done(), run.result()
-            await asyncio.sleep(0.01)
-        after_ready()
-        return await asyncio.wait_for(run, 30)
-    return asyncio.run(main())
+from tests.agents import inproc_agent, run_agent
 
 
 def test_a_failing_rescan_loop_is_restarted_and_shown_while_the_agent_keeps_serving(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A background task's failure never stops the daemon: the loop is started again after a backoff,
     /readyz names it and its cause, the restarts are counted, and the cause is logged once."""
-    agent = _agent(tmp_path)
+    agent = inproc_agent(tmp_path)
     seen: dict[str, Any] = {}
 
     def restarted(name: str) -> None:
@@ -134,9 +112,9 @@ def _run_async(agent: Agent, after_ready: Any) -> int:
 
 
 def test_a_requested_stop_is_a_clean_exit(tmp_path: Path) -> None:
-    agent = _agent(tmp_path)
+    agent = inproc_agent(tmp_path)
     with structlog.testing.capture_logs() as logs:
-        code = _run(agent, agent.request_stop)
+        code = run_agent(agent, agent.request_stop)
     assert code == EXIT_OK
     assert not [e for e in logs if e["event"] == "agent_task_failed"]
 
@@ -144,15 +122,9 @@ def test_a_requested_stop_is_a_clean_exit(tmp_path: Path) -> None:
 def _enforcing_agent(tmp_path: Path, with_seams: bool) -> Agent:
     from bench.enforce_standins import StandinPods, StandinReporter
 
-    config = tmp_path / "agent.toml"
-    config.write_text(
-        f'node_name = "inproc"\nroot = "{lab_root("dual-socket-cxl")}"\nstate_dir = "{tmp_path / "state"}"\n'
-        f'[listen]\nsocket = "{tmp_path / "agent.sock"}"\n'
-        '[discovery]\ndebounce_seconds = 0.0\nudev = false\n[health]\nlisten = ""\n'
-        f'[kubernetes]\nenforce = true\nruntime_endpoint = "unix://{tmp_path}/none.sock"\n'
-        'enforce_interval_seconds = 0.1\n')
     seams: dict[str, Any] = {"pod_source": StandinPods(), "pod_reporter": StandinReporter()} if with_seams else {}
-    return Agent(load_config(config), notifier=Notifier(None), **seams)
+    return inproc_agent(tmp_path, f'[kubernetes]\nenforce = true\nruntime_endpoint = "unix://{tmp_path}/none.sock"\n'
+                                  'enforce_interval_seconds = 0.1\n', **seams)
 
 
 def test_enforce_without_an_api_server_says_so_and_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,7 +138,7 @@ def test_enforce_without_an_api_server_says_so_and_serves(tmp_path: Path, monkey
         agent.request_stop()
 
     with structlog.testing.capture_logs() as logs:
-        assert _run(agent, check) == EXIT_OK
+        assert run_agent(agent, check) == EXIT_OK
     ready, checks = seen["ready"]
     assert ready and checks["enforce"] == ("no pod source: find the API server: not in a cluster: "
                                            "KUBERNETES_SERVICE_HOST/PORT are not set; nothing is enforced")
@@ -191,7 +163,7 @@ def test_enforce_runs_beside_the_agent_and_reports_in_readyz(tmp_path: Path) -> 
     def check() -> None:
         asyncio.get_running_loop().create_task(settle()).add_done_callback(done)
 
-    assert _run(agent, check) == EXIT_OK
+    assert run_agent(agent, check) == EXIT_OK
     ready, checks = seen["ready"]
     assert ready and checks["enforce"].startswith("config_unreadable: kubelet configuration: no kubelet config")
     # A pinned container's memory is moved through the agent's own apply engine.
