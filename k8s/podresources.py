@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Final
 
 import grpc
@@ -31,6 +31,7 @@ from memtopo.k8s.api.podresources.v1 import podresources_pb2 as pr
 from memtopo.k8s.defaults import DEFAULT_POD_RESOURCES_SOCKET
 from memtopo.k8s.facts import DeviceGrant, MemoryGrant, PodResourcesView
 from memtopo.text import excerpt, human_bytes
+from memtopo.wire import length_delimited
 
 DEFAULT_SOCKET = DEFAULT_POD_RESOURCES_SOCKET
 # The kubelet's own server limit for these answers is 16 MiB (podresources.DefaultMaxMsgSize).
@@ -101,43 +102,6 @@ class _Assigned:
         return devices, memory
 
 
-def _varint(raw: memoryview, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(raw) or shift > 63:
-            raise ValueError("a truncated or overlong varint")
-        byte = raw[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-
-
-def _top_level(raw: memoryview, wanted: int) -> Iterator[bytes]:
-    """The length-delimited payloads of field ``wanted`` in a message's own bytes, other fields skipped;
-    ValueError when the bytes are not a protobuf message."""
-    at = 0
-    while at < len(raw):
-        key, at = _varint(raw, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, at = _varint(raw, at)
-        elif wire == 1:
-            at += 8
-        elif wire == 5:
-            at += 4
-        elif wire == 2:
-            size, at = _varint(raw, at)
-            if number == wanted and at + size <= len(raw):
-                yield bytes(raw[at:at + size])  # one pod's bytes at a time
-            at += size
-        else:
-            raise ValueError(f"wire type {wire}")
-        if number == 0 or at > len(raw):
-            raise ValueError("a field past the end of the answer")
-
-
 def view_from_answers(listed: bytes, allocatable: bytes) -> PodResourcesView:
     """The view of one ``List`` and one ``GetAllocatableResources`` answer, as the bytes the kubelet sent."""
     try:
@@ -146,7 +110,7 @@ def view_from_answers(listed: bytes, allocatable: bytes) -> PodResourcesView:
         raise PodResourcesError(f"GetAllocatableResources: not a PodResources answer: {excerpt(allocatable)}") from None
     assigned = _Assigned()
     try:
-        for payload in _top_level(memoryview(listed), _POD_RESOURCES_FIELD):
+        for payload in length_delimited(memoryview(listed), _POD_RESOURCES_FIELD):  # one pod's bytes at a time
             assigned.add(pr.PodResources.FromString(payload))
     except (ValueError, DecodeError):
         # The same words for the same fault every poll (no offsets): it is logged once.
