@@ -274,16 +274,6 @@ def cpu_seconds(pid: int) -> float:
     return (utime + stime) / CLOCK_TICKS
 
 
-def memory_kib(pid: int) -> dict[str, int]:
-    """VmRSS, VmHWM (peak RSS), RssAnon and RssFile of /proc/PID/status, in KiB."""
-    out: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-            out[key] = int(value.split()[0])
-    return out
-
-
 def process_tree(pid: int) -> list[int]:
     """``pid`` and every process below it (the agent and its discovery helper, with a child of the
     helper while one runs), from the parent ids in /proc/*/stat."""

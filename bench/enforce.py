@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 from bench.containerd import Containerd, cgroup_cpuset, unavailable_reason  # noqa: E402
 from bench.enforce_standins import NODE, resources  # noqa: E402
 from bench.k8s_standin import StandInApiServer  # noqa: E402
+from bench.procstat import memory_kib  # noqa: E402
 from memtopo.cpulist import parse_cpulist  # noqa: E402
 from memtopo.k8s import cri  # noqa: E402
 from memtopo.k8s import enforcement as ef  # noqa: E402
@@ -95,13 +96,6 @@ enforce_interval_seconds = {interval}
 
 
 # ---- the bench -------------------------------------------------------------------------------------
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def start_agent(work: Path, endpoint: str, api: str, enforce: bool, interval: float) -> subprocess.Popen[bytes]:
     config = write_config(work, endpoint, api, enforce, interval)
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
@@ -165,7 +159,7 @@ def main() -> int:
     try:
         k = ctrd.kubelet()
         base = start_agent(work, ctrd.endpoint, api, False, args.interval)
-        rss_off = rss_kib(base.pid)
+        rss_off = memory_kib(base.pid).get("VmRSS", 0)
         stop_agent(base, work)
         agent = start_agent(work, ctrd.endpoint, api, True, args.interval)
         client = cri.CriClient(ctrd.endpoint)
@@ -199,7 +193,7 @@ def main() -> int:
             time.sleep(random.uniform(0, args.interval))
             client.update_cpuset(cid, cpus)
             drift.append(wait_for(lambda: cgroup_cpuset(pid)[0] == pinned))
-        rss_on = rss_kib(agent.pid)
+        rss_on = memory_kib(agent.pid).get("VmRSS", 0)
         stop_agent(agent, work)
         client.close()
         pinned_all = all(t == t for t in start_to_pinned)

@@ -48,6 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.procstat import rss_mib  # noqa: E402
 from bench.report import Report  # noqa: E402
 
 TARGET_P99_MS = {5000: 50.0, 500: 10.0}
@@ -69,14 +70,6 @@ PODS: dict[str, dict[str, Any]] = {
     "xpu": _guaranteed(cpu="4", memory="8Gi", **{"kunlunxin.com/xpu": "2"}),
     "place": _guaranteed(cpu="8", memory="16Gi", **{"nvidia.com/gpu": "1"}),
 }
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 # ---- the objects ---------------------------------------------------------------------------------------

@@ -43,10 +43,10 @@ from bench.agentproc import (  # noqa: E402
     ControllerProcess,
     context_switches,
     cpu_seconds,
-    memory_kib,
     process_tree,
     pss_kib,
 )
+from bench.procstat import memory_kib  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.roots import fixture_root  # noqa: E402
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402

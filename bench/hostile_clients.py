@@ -67,6 +67,7 @@ import grpc  # noqa: E402
 
 from bench.agentproc import AgentProcess, AgentSpec, process_tree, pss_kib  # noqa: E402
 from bench.httppeers import IMPLS, SCENARIOS  # noqa: E402
+from bench.procstat import memory_kib  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.roots import copy_root, fixture_root, set_node_memory  # noqa: E402
 from memtopo.v1 import agent_pb2 as apb  # noqa: E402
@@ -304,13 +305,6 @@ class Drained:
                 self._arrived.wait(left)
 
 
-def _status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 def run_http(impl: str, scenario: str, args: argparse.Namespace, source: str) -> Run:
     run = Run(impl, scenario)
     server = subprocess.Popen([sys.executable, str(PEERS), "serve", impl, source], stdin=subprocess.PIPE,
@@ -321,7 +315,7 @@ def run_http(impl: str, scenario: str, args: argparse.Namespace, source: str) ->
     loaded_said: Drained | None = None
     try:
         port = int(said.wait_for("READY", 60).split()[1])
-        run.start_kib = _status_kib(server.pid, "VmRSS")
+        run.start_kib = memory_kib(server.pid).get("VmRSS", 0)
         if scenario != "baseline":
             load = subprocess.Popen([sys.executable, str(PEERS), "load", scenario, str(port)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -346,7 +340,7 @@ def run_http(impl: str, scenario: str, args: argparse.Namespace, source: str) ->
                     run.failures[status] += 1
                 else:
                     run.latencies.append(seconds)
-        run.peak_kib = _status_kib(server.pid, "VmHWM")
+        run.peak_kib = memory_kib(server.pid).get("VmHWM", 0)
         if load is not None and loaded_said is not None:
             assert load.stdin is not None
             load.stdin.close()

@@ -30,16 +30,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.procstat import rss_mib  # noqa: E402
+
 TARGET_RSS_MIB = 150.0
 HOST = "ascend-a2-8x910b"
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def _template() -> dict[str, Any]:
