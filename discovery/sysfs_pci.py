@@ -13,7 +13,7 @@ import posixpath
 from memtopo.discovery.parts import Ids, MdevInfo, PciInfo, SysPci
 from memtopo.discovery.source import ProbeContext, ProbeResult, StatusBuilder
 from memtopo.discovery.sysfs_read import PCI_DEVICES, AttrReader
-from memtopo.hostfs import MAX_PCI_FUNCTIONS, HostReadError
+from memtopo.hostfs import MAX_PCI_FUNCTIONS, HostDir, HostReadError, attr_value
 from memtopo.pci import is_bdf, parse_bdf
 from memtopo.text import excerpt
 
@@ -52,21 +52,27 @@ def probe(ctx: ProbeContext) -> ProbeResult[SysPci]:
         found.append((key, name))
     found.sort()
     devices: dict[str, PciInfo] = {}
-    for _, name in found:
-        try:
-            if (dev := _device(rd, name)) is not None:
-                devices[name] = dev
-        except (HostReadError, ValueError, OSError) as exc:  # belt and braces: one device, not all
-            sb.problem(f"{PCI_DEVICES}/{name}: {exc}")
+    try:
+        bus = ctx.fs.open_dir(PCI_DEVICES)
+    except HostReadError as exc:
+        sb.unavailable(str(exc))
+        return ProbeResult(SysPci(()), sb.finish())
+    with bus:
+        for _, name in found:
+            try:
+                if (dev := _device(rd, bus, name)) is not None:
+                    devices[name] = dev
+            except (HostReadError, ValueError, OSError) as exc:  # belt and braces: one device, not all
+                sb.problem(f"{PCI_DEVICES}/{name}: {exc}")
     _inherit_vf_nodes(devices)
     _attach_mdevs(rd, devices)
     return ProbeResult(SysPci(tuple(devices.values())), sb.finish())
 
 
-def _upstream(rd: AttrReader, base: str, bdf: str) -> tuple[str, ...]:
+def _upstream(rd: AttrReader, bus: HostDir, bdf: str) -> tuple[str, ...]:
     """The device link's target names the root complex and every bridge above the device."""
     try:
-        target = rd.fs.readlink(base)
+        target = bus.readlink(bdf)
     except HostReadError:
         return ()  # a plain directory (some hand-made trees): no path, no PIX/PXB classes
     parts = target.split("/")
@@ -78,54 +84,73 @@ def _upstream(rd: AttrReader, base: str, bdf: str) -> tuple[str, ...]:
     return tuple(chain[:-1]) if chain and chain[-1] == bdf else ()
 
 
-def _device(rd: AttrReader, bdf: str) -> PciInfo | None:
+def _device(bus_rd: AttrReader, bus: HostDir, bdf: str) -> PciInfo | None:
     base = f"{PCI_DEVICES}/{bdf}"
-    entries = set(rd.listdir(base))
-    if not entries:
-        # A link to a device directory the capture does not have: one problem, not one per attribute.
-        rd.sb.problem(f"{base}: not a device directory (a dangling link, or empty)")
-        return None
+    try:
+        directory = bus.open_dir(bdf)
+    except HostReadError:
+        directory = None
+    if directory is not None:
+        with directory:
+            if entries := directory.names():
+                return _device_in(bus_rd.within(directory), bus_rd, bus, directory, bdf, entries)
+    # A link to a device directory the capture does not have: one problem, not one per attribute.
+    bus_rd.sb.problem(f"{base}: not a device directory (a dangling link, or empty)")
+    return None
 
-    def hex_attr(attr: str, required: bool) -> int:
-        if attr not in entries:
-            if required:
-                rd.sb.problem(f"{base}/{attr}: missing")
-            return 0
-        return rd.int_attr(f"{base}/{attr}", 16, 0)
 
-    def dec_attr(attr: str, default: int) -> int:
-        return rd.int_attr(f"{base}/{attr}", 10, default) if attr in entries else default
+# The attributes read as one-record files, in one call and in this order (those the function has):
+# NUMA locality, identity, link and SR-IOV. local_cpus (a mask) only stands in for a missing list.
+_RECORDS = ("numa_node", "local_cpulist", "local_cpus", "uevent", "current_link_speed", "current_link_width",
+            "max_link_speed", "max_link_width", "sriov_totalvfs", "sriov_numvfs")
 
-    numa_node = -1
-    if "numa_node" in entries:
-        numa_node = rd.int_attr(f"{base}/numa_node", 10, -1)
-        if numa_node < -1:
-            rd.sb.problem(f"{base}/numa_node: invalid node {numa_node}")
-            numa_node = -1
 
-    if "local_cpulist" in entries:
-        local_cpus = rd.cpus(f"{base}/local_cpulist", mask=False)
-    elif "local_cpus" in entries:
-        local_cpus = rd.cpus(f"{base}/local_cpus", mask=True)
-    else:
-        local_cpus = ()
+def _device_in(rd: AttrReader, bus_rd: AttrReader, bus: HostDir, directory: HostDir, bdf: str,
+               entries: set[str]) -> PciInfo:
+    """The function in ``directory`` (its entries: ``entries``)."""
+    base = f"{PCI_DEVICES}/{bdf}"
+    wanted = [name for name in _RECORDS if name in entries]
+    if "local_cpulist" in entries and "local_cpus" in entries:
+        wanted.remove("local_cpus")
+    texts = rd.records(directory, wanted)
+
+    numa_node = rd.int_of(f"{base}/numa_node", texts.get("numa_node"), 10, -1)
+    if numa_node < -1:
+        rd.sb.problem(f"{base}/numa_node: invalid node {numa_node}")
+        numa_node = -1
+
+    local_cpus: Ids = ()
+    if (cpulist := texts.get("local_cpulist")) is not None:
+        local_cpus = rd.cpus_of(f"{base}/local_cpulist", cpulist, mask=False)
+    elif (cpumask := texts.get("local_cpus")) is not None:
+        local_cpus = rd.cpus_of(f"{base}/local_cpus", cpumask, mask=True)
 
     virtfns: list[tuple[int, str]] = []
     for entry in entries:
         if entry[0] == "v" and entry.startswith("virtfn") and entry[6:].isdigit():
-            virtfns.append((int(entry[6:]), rd.link_name(f"{base}/{entry}")))
+            virtfns.append((int(entry[6:]), rd.link_name(entry)))
     virtfns.sort()
 
     # uevent carries ids, class and driver in one read instead of six; the separate attributes are
     # the fallback for trees without it (trimmed dumps) or with a key missing.
-    ids = _uevent_ids(rd, base) if "uevent" in entries else {}
+    uevent = texts.get("uevent")
+    ids = _uevent_ids(rd, base, uevent) if uevent is not None else {}
     driver = ids.pop("driver", None)
     if not isinstance(driver, str):  # no DRIVER= line means unbound, and then there is no link either
-        driver = rd.link_name(f"{base}/driver") if "driver" in entries else ""
+        driver = rd.link_name("driver") if "driver" in entries else ""
 
     def ident(attr: str, required: bool) -> int:
         value = ids.get(attr)
-        return value if isinstance(value, int) else hex_attr(attr, required)
+        if isinstance(value, int):
+            return value
+        if attr not in entries:
+            if required:
+                rd.sb.problem(f"{base}/{attr}: missing")
+            return 0
+        return rd.int_attr(attr, 16, 0)
+
+    def dec_attr(attr: str) -> int:
+        return rd.int_of(f"{base}/{attr}", texts.get(attr), 10, 0)
 
     return PciInfo(
         bdf=bdf,
@@ -137,28 +162,23 @@ def _device(rd: AttrReader, bdf: str) -> PciInfo | None:
         driver=driver,
         numa_node=numa_node,
         local_cpus=local_cpus,
-        link_speed=_speed(rd, base, "current_link_speed", entries),
-        link_width=dec_attr("current_link_width", 0),
-        max_link_speed=_speed(rd, base, "max_link_speed", entries),
-        max_link_width=dec_attr("max_link_width", 0),
-        physfn=rd.link_name(f"{base}/physfn") if "physfn" in entries else "",
+        link_speed=_speed(texts.get("current_link_speed")),
+        link_width=dec_attr("current_link_width"),
+        max_link_speed=_speed(texts.get("max_link_speed")),
+        max_link_width=dec_attr("max_link_width"),
+        physfn=rd.link_name("physfn") if "physfn" in entries else "",
         virtfns=tuple(vf for _, vf in virtfns if vf),
-        sriov_total_vfs=dec_attr("sriov_totalvfs", 0),
-        sriov_num_vfs=dec_attr("sriov_numvfs", 0),
+        sriov_total_vfs=dec_attr("sriov_totalvfs"),
+        sriov_num_vfs=dec_attr("sriov_numvfs"),
         msi_irqs=_msi_irqs(rd, base) if "msi_irqs" in entries else (),
-        upstream=_upstream(rd, base, bdf),
-        os_devices=_os_devices(rd, base, entries),
+        upstream=_upstream(bus_rd, bus, bdf),
+        os_devices=_os_devices(rd, entries),
     )
 
 
-def _uevent_ids(rd: AttrReader, base: str) -> dict[str, int | str]:
-    """vendor, device, subsystem ids, class (ints) and driver (str) from ``uevent``."""
+def _uevent_ids(rd: AttrReader, base: str, text: str) -> dict[str, int | str]:
+    """vendor, device, subsystem ids, class (ints) and driver (str) from ``uevent``'s text."""
     out: dict[str, int | str] = {}
-    try:
-        text = rd.fs.read_record(f"{base}/uevent")
-    except HostReadError as exc:
-        rd.sb.problem(exc)
-        return out
     for line in text.splitlines():
         key, eq, value = line.partition("=")
         if not eq:
@@ -179,16 +199,14 @@ def _uevent_ids(rd: AttrReader, base: str) -> dict[str, int | str]:
     return out
 
 
-def _speed(rd: AttrReader, base: str, attr: str, entries: set[str]) -> str:
-    if attr not in entries:
-        return ""
-    text = rd.text(f"{base}/{attr}")
+def _speed(record: str | None) -> str:
+    text = attr_value(record) if record is not None else ""
     return "" if text.lower() in _UNKNOWN_SPEEDS else text
 
 
 def _msi_irqs(rd: AttrReader, base: str) -> Ids:
     irqs: list[int] = []
-    for name in rd.listdir(f"{base}/msi_irqs"):
+    for name in rd.listdir("msi_irqs"):
         if name.isdigit() and name.isascii():
             irqs.append(int(name))
         else:
@@ -196,20 +214,20 @@ def _msi_irqs(rd: AttrReader, base: str) -> Ids:
     return tuple(sorted(irqs))
 
 
-def _os_devices(rd: AttrReader, base: str, entries: set[str]) -> tuple[str, ...]:
+def _os_devices(rd: AttrReader, entries: set[str]) -> tuple[str, ...]:
     names: set[str] = set()
     for sub in _OS_DEVICE_DIRS:
         if sub in entries:
-            names.update(rd.listdir(f"{base}/{sub}"))
+            names.update(rd.listdir(sub))
     if "nvme" in entries:
         # hwloc and users name the namespace (nvme0n1), the kernel's nvme/ dir names the controller.
         for ctrl in [n for n in names if n.startswith("nvme")]:
-            names.update(n for n in rd.listdir(f"{base}/nvme/{ctrl}") if n.startswith(f"{ctrl}n"))
+            names.update(n for n in rd.listdir(f"nvme/{ctrl}") if n.startswith(f"{ctrl}n"))
     for entry in entries:
         first = entry[0]
         if first == "v" and entry.startswith("virtio") and entry[6:].isdigit():
             for sub in _VIRTIO_OS_DEVICE_DIRS:
-                names.update(rd.listdir(f"{base}/{entry}/{sub}"))
+                names.update(rd.listdir(f"{entry}/{sub}"))
         elif first == "m" and entry.startswith("mem") and entry[3:].isdigit():
             names.add(entry)  # CXL memdev (cxl_pci registers memN as a child of the function)
     return tuple(sorted(names))

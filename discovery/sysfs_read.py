@@ -2,65 +2,100 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from memtopo.cpulist import MAX_ID, CpuListError, parse_cpulist, parse_mask
 from memtopo.discovery.parts import Ids
 from memtopo.discovery.source import StatusBuilder
-from memtopo.hostfs import HostFS, HostReadError
+from memtopo.hostfs import HostDir, HostFS, HostReadError, HostReads, int_value
 from memtopo.text import excerpt
 
 PCI_DEVICES = "sys/bus/pci/devices"
 
 
 class AttrReader:
-    """Attribute reads for one probe run: each failure becomes a problem naming the path."""
+    """Attribute reads for one probe run: each failure becomes a problem naming the path. Paths are
+    relative to the root (``fs``), or to a directory held open under it (``within``)."""
 
-    def __init__(self, fs: HostFS, sb: StatusBuilder) -> None:
+    def __init__(self, fs: HostFS, sb: StatusBuilder, src: HostReads | None = None,
+                 cpus: dict[tuple[bool, str], Ids] | None = None) -> None:
         self.fs = fs
         self.sb = sb
+        self.src: HostReads = fs if src is None else src
         # Most functions share a handful of local_cpulist values; parse each text once.
-        self._cpus: dict[tuple[bool, str], Ids] = {}
+        self._cpus: dict[tuple[bool, str], Ids] = {} if cpus is None else cpus
+
+    def within(self, directory: HostDir) -> AttrReader:
+        """This run's reader for paths relative to ``directory`` (problems and parsed lists shared)."""
+        return AttrReader(self.fs, self.sb, directory, self._cpus)
 
     def listdir(self, rel: str) -> list[str]:
         try:
-            return self.fs.listdir(rel)
+            return self.src.listdir(rel)
         except HostReadError as exc:
             self.sb.problem(exc)
             return []
 
     def int_attr(self, rel: str, base: int, default: int) -> int:
         try:
-            return self.fs.read_int(rel, base)
+            return self.src.read_int(rel, base)
         except HostReadError as exc:
             self.sb.problem(exc)
             return default
 
     def text(self, rel: str) -> str:
         try:
-            return self.fs.read_attr(rel)
+            return self.src.read_attr(rel)
         except HostReadError as exc:
             self.sb.problem(exc)
             return ""
 
     def link_name(self, rel: str) -> str:
         try:
-            return self.fs.readlink_name(rel)
+            return self.src.readlink_name(rel)
         except HostReadError as exc:
             self.sb.problem(exc)
             return ""
 
+    def records(self, directory: HostDir, names: Iterable[str]) -> dict[str, str]:
+        """The records of ``names`` in ``directory`` that could be read (the others are problems)."""
+        texts: dict[str, str] = {}
+        for name, text in directory.read_records(names).items():
+            if isinstance(text, HostReadError):
+                self.sb.problem(text)
+            else:
+                texts[name] = text
+        return texts
+
+    def int_of(self, rel: str, record: str | None, base: int, default: int) -> int:
+        """The integer in ``rel``'s record (read already), else ``default``: a problem unless the
+        record is None (absent, or its read already reported)."""
+        if record is None:
+            return default
+        try:
+            return int_value(rel, record, base)
+        except HostReadError as exc:
+            self.sb.problem(exc)
+            return default
+
     def cpus(self, rel: str, mask: bool) -> Ids:
         try:
-            text = self.fs.read_record(rel)
+            text = self.src.read_record(rel)
         except HostReadError as exc:
             self.sb.problem(exc)
             return ()
+        return self.cpus_of(self.src.root_relative(rel), text, mask)
+
+    def cpus_of(self, path: str, text: str, mask: bool) -> Ids:
+        """The CPUs of the record of ``path`` (root-relative; read already); () and a problem if it
+        is not a list."""
         key = (mask, text)
         cpus = self._cpus.get(key)
         if cpus is None:
             try:
                 cpus = parse_mask(text) if mask else parse_cpulist(text)
             except CpuListError as exc:
-                self.sb.problem(HostReadError(rel, str(exc)))
+                self.sb.problem(HostReadError(path, str(exc)))
                 return ()
             self._cpus[key] = cpus
         return cpus

@@ -22,7 +22,7 @@ import stat
 import struct
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -177,8 +177,66 @@ def _walk(root_fd: int, rel: str, flags: int) -> tuple[int, list[str]]:
             os.close(fd)
 
 
+def attr_value(record: str) -> str:
+    """A one-value attribute's record, stripped (some captured trees pad files with NULs)."""
+    return record.strip().strip("\0").strip()
+
+
+def int_value(rel: str, record: str, base: int = 10) -> int:
+    """The integer in the record of ``rel``; HostReadError where there is none."""
+    text = attr_value(record)
+    try:
+        return int(text, base)
+    except ValueError as exc:
+        raise HostReadError(rel, f"not an integer: {excerpt(text)}") from exc
+
+
+class HostReads:
+    """What both a root (HostFS) and a directory held open under it (HostDir) read, by a path
+    relative to themselves: the record and link reads each provides, and the parsing shared by both."""
+
+    def read_record(self, rel: str) -> str:
+        raise NotImplementedError
+
+    def readlink(self, rel: str) -> str:
+        raise NotImplementedError
+
+    def listdir(self, rel: str) -> list[str]:
+        raise NotImplementedError
+
+    def root_relative(self, rel: str) -> str:
+        """How an error names ``rel``: by its path relative to the root."""
+        return rel
+
+    def read_attr(self, rel: str) -> str:
+        """A one-value sysfs attribute, stripped (some captured trees pad files with NULs)."""
+        return attr_value(self.read_record(rel))
+
+    def read_int(self, rel: str, base: int = 10) -> int:
+        """An integer attribute. ``base=0`` accepts the ``%#llx`` form (``0x…``, or ``0``)."""
+        return int_value(self.root_relative(rel), self.read_record(rel), base)
+
+    def read_cpulist(self, rel: str) -> tuple[int, ...]:
+        text = self.read_record(rel)
+        try:
+            return parse_cpulist(text)
+        except CpuListError as exc:
+            raise HostReadError(self.root_relative(rel), str(exc)) from exc
+
+    def read_mask(self, rel: str) -> tuple[int, ...]:
+        text = self.read_record(rel)
+        try:
+            return parse_mask(text)
+        except CpuListError as exc:
+            raise HostReadError(self.root_relative(rel), str(exc)) from exc
+
+    def readlink_name(self, rel: str) -> str:
+        """The last component of a symlink's target (``driver`` → ``nvme``)."""
+        return os.path.basename(self.readlink(rel))
+
+
 @frozen
-class HostFS:
+class HostFS(HostReads):
     """A filesystem root ("/" on the live host, or a captured tree)."""
 
     root: Path
@@ -375,44 +433,21 @@ class HostFS:
         """A one-record kernel attribute (``/proc/irq/N/*``, a cgroup or sysfs file), unstripped, in
         one read(2): its show routine fills the buffer at once, so a short read is all of it and the
         read that would return 0 is saved. A read that fills the buffer is read again in full."""
-        fd = self._open(rel, MAX_RECORD_BYTES)
+        return self.record_of(rel, self._open(rel, MAX_RECORD_BYTES))
+
+    def record_of(self, rel: str, fd: int) -> str:
+        """read_record's read of ``rel`` opened as ``fd`` (closed here)."""
         try:
             data = os.read(fd, RECORD_CHUNK)
         except OSError as exc:
             raise HostReadError(rel, _os_reason(exc)) from exc
         finally:
             os.close(fd)
-        return self.record_text(rel, data)
+        return self._decode(rel, data) if len(data) < RECORD_CHUNK else self.read_text(rel, MAX_RECORD_BYTES)
 
     def record_text(self, rel: str, data: bytes) -> str:
         """The text of ``rel`` from one read of at most RECORD_CHUNK bytes (a full one may have more)."""
         return self.read_text(rel, MAX_RECORD_BYTES) if len(data) >= RECORD_CHUNK else self._decode(rel, data)
-
-    def read_attr(self, rel: str) -> str:
-        """A one-value sysfs attribute, stripped (some captured trees pad files with NULs)."""
-        return self.read_record(rel).strip().strip("\0").strip()
-
-    def read_int(self, rel: str, base: int = 10) -> int:
-        """An integer attribute. ``base=0`` accepts the ``%#llx`` form (``0x…``, or ``0``)."""
-        text = self.read_attr(rel)
-        try:
-            return int(text, base)
-        except ValueError as exc:
-            raise HostReadError(rel, f"not an integer: {excerpt(text)}") from exc
-
-    def read_cpulist(self, rel: str) -> tuple[int, ...]:
-        text = self.read_record(rel)
-        try:
-            return parse_cpulist(text)
-        except CpuListError as exc:
-            raise HostReadError(rel, str(exc)) from exc
-
-    def read_mask(self, rel: str) -> tuple[int, ...]:
-        text = self.read_record(rel)
-        try:
-            return parse_mask(text)
-        except CpuListError as exc:
-            raise HostReadError(rel, str(exc)) from exc
 
     def readlink(self, rel: str) -> str:
         """A symlink's target text, unresolved (sysfs links are relative: ``../../../devices/…``).
@@ -431,9 +466,18 @@ class HostFS:
         except OSError as exc:
             raise HostReadError(rel, _os_reason(exc)) from exc
 
-    def readlink_name(self, rel: str) -> str:
-        """The last component of a symlink's target (``driver`` → ``nvme``)."""
-        return os.path.basename(self.readlink(rel))
+    def open_dir(self, rel: str) -> HostDir:
+        """``rel``, a directory, held open for reads of its entries by name (close it, or use it as a
+        context manager). Raises HostReadError where it is missing or not a directory."""
+        if self._confined:
+            if not self.is_dir(rel):
+                raise HostReadError(rel, "missing, or not a directory")
+            return HostDir(self, rel, None)
+        try:
+            fd = os.open(self.join(rel), _DIR_FLAGS)
+        except OSError as exc:
+            raise HostReadError(rel, _os_reason(exc)) from exc
+        return HostDir(self, rel, fd)
 
     def resolve(self, rel: str) -> str:
         """The root-relative real path of ``rel`` (it must exist), resolved inside the root."""
@@ -454,6 +498,131 @@ class HostFS:
             raise HostReadError(rel, _os_reason(exc)) from exc
         os.close(fd)
         return "/".join(names)
+
+
+class HostDir(HostReads):
+    """A directory under a root held open, its entries read by a path relative to it.
+
+    A read through HostFS looks its path up from the root: for a PCI function's attribute that is
+    tens of components and the bus's link to the device, and on a host with hundreds of functions
+    the lookups cost more than the reads. Here the directory is looked up once. Under a root whose
+    lookups are confined (a tree that failed the check) nothing is held: each read is HostFS's own,
+    by the joined path, so the in-root walk and its checks stay in one place. Errors name the
+    root-relative path."""
+
+    def __init__(self, fs: HostFS, rel: str, fd: int | None) -> None:
+        self.fs = fs
+        self.rel = rel.strip("/")
+        self._fd = fd
+
+    def __enter__(self) -> HostDir:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def root_relative(self, rel: str) -> str:
+        return f"{self.rel}/{rel}" if rel else self.rel
+
+    def _open_at(self, rel: str, flags: int) -> int:
+        assert self._fd is not None
+        if ".." in rel and ".." in rel.split("/"):
+            raise OSError(errno.EXDEV, "path leaves the root")
+        return os.open(rel, flags, dir_fd=self._fd)
+
+    def names(self) -> set[str]:
+        """The directory's entries, unordered (what a reader asks "has it?" of)."""
+        if self._fd is None:
+            return set(self.fs.listdir(self.rel))
+        try:
+            return set(os.listdir(self._fd))  # of a duplicate, rewound: the held fd stays usable
+        except OSError as exc:
+            raise HostReadError(self.rel, _os_reason(exc)) from exc
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Sorted entries of the directory (``""``) or of one below it; a missing one is empty."""
+        if self._fd is None:
+            return self.fs.listdir(self.root_relative(rel))
+        if not rel:
+            return sorted(self.names())
+        try:
+            fd = self._open_at(rel, _DIR_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
+        try:
+            return sorted(os.listdir(fd))
+        except OSError as exc:
+            raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
+        finally:
+            os.close(fd)
+
+    def read_record(self, rel: str) -> str:
+        if self._fd is None:
+            return self.fs.read_record(self.root_relative(rel))
+        try:
+            fd = self._open_at(rel, _READ_FLAGS)
+        except OSError as exc:
+            raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
+        return self.fs.record_of(self.root_relative(rel), fd)
+
+    def read_records(self, names: Iterable[str]) -> dict[str, str | HostReadError]:
+        """read_record of each of ``names``: its text, or the error its read raised. A device's
+        attributes in one call (for hundreds of PCI functions, a call per attribute showed)."""
+        if self._fd is None:
+            return {name: self._record_or_error(name) for name in names}
+        dir_fd = self._fd
+        out: dict[str, str | HostReadError] = {}
+        for name in names:
+            if "/" in name or name in ("", ".", ".."):
+                out[name] = self._record_or_error(name)
+                continue
+            try:
+                fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+                try:
+                    data = os.read(fd, RECORD_CHUNK)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                out[name] = HostReadError(self.root_relative(name), _os_reason(exc))
+                continue
+            if len(data) < RECORD_CHUNK and data.isascii():
+                out[name] = data.decode("ascii")
+            else:
+                out[name] = self._record_or_error(name)
+        return out
+
+    def _record_or_error(self, rel: str) -> str | HostReadError:
+        try:
+            return self.read_record(rel)
+        except HostReadError as exc:
+            return exc
+
+    def readlink(self, rel: str) -> str:
+        if self._fd is None:
+            return self.fs.readlink(self.root_relative(rel))
+        try:
+            if ".." in rel.split("/"):
+                raise OSError(errno.EXDEV, "path leaves the root")
+            return os.readlink(rel, dir_fd=self._fd)
+        except OSError as exc:
+            raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
+
+    def open_dir(self, rel: str) -> HostDir:
+        """A directory below this one held open (see HostFS.open_dir)."""
+        if self._fd is None:
+            return self.fs.open_dir(self.root_relative(rel))
+        try:
+            fd = self._open_at(rel, _DIR_FLAGS)
+        except OSError as exc:
+            raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
+        return HostDir(self.fs, self.root_relative(rel), fd)
 
 
 def _kind(mode: int) -> str:

@@ -578,6 +578,58 @@ def test_the_component_walk_answers_as_the_kernels_in_root_walk(
             assert walked == kernel, rel
 
 
+def _dir_answers(fs: HostFS, directory: str, rel: str) -> tuple[str, ...]:
+    """What reading ``rel`` below ``directory`` gives, through the directory held open (HostDir)
+    and by the joined path (HostFS), side by side: the record, the listing, the link, the batch
+    read, or the error and the path it names."""
+    def answer(fn: Callable[[], object]) -> str:
+        try:
+            return repr(fn())
+        except HostReadError as exc:
+            return f"error at {exc.path}: {exc.reason}"
+
+    joined = f"{directory}/{rel}"
+    try:
+        held = fs.open_dir(directory)
+    except HostReadError as exc:
+        return (f"no directory: {exc.path}: {exc.reason}",)
+    with held:
+        through = (answer(lambda: held.read_record(rel)), answer(lambda: held.listdir(rel)),
+                   answer(lambda: held.readlink(rel)), answer(lambda: held.read_int(rel)),
+                   answer(lambda: {k: v if isinstance(v, str) else f"error at {v.path}: {v.reason}"
+                                   for k, v in held.read_records([rel]).items()}))
+    by_path = (answer(lambda: fs.read_record(joined)), answer(lambda: fs.listdir(joined)),
+               answer(lambda: fs.readlink(joined)), answer(lambda: fs.read_int(joined)),
+               answer(lambda: {rel: fs.read_record(joined)}))
+    # A batch read that fails carries its error in the mapping; by path it raises: one wording.
+    by_path = (*by_path[:4], by_path[4] if not by_path[4].startswith("error at ") else
+               repr({rel: by_path[4]}))
+    return through if through == by_path else (*through, "≠", *by_path)
+
+
+@settings(deadline=None, max_examples=150)
+@given(entries=_TREES, directory=st.sampled_from(["a", "a/b", "c"]),
+       lookups=st.lists(st.sampled_from(["a", "b", "c", "a/b", "b/c", "../a", "b/../c"]), min_size=1, max_size=4),
+       confined=st.booleans())
+def test_a_directory_held_open_answers_as_its_paths_do(
+        entries: list[tuple[str, str]], directory: str, lookups: list[str], confined: bool) -> None:
+    """HostDir (a PCI function's directory, read by name) gives what HostFS gives for the joined
+    path, error and the path it names included: in a tree that passed the check (reads relative to
+    the held descriptor) and in one whose lookups are confined (HostFS's own walk)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        root.mkdir()
+        _build(root, entries)
+        fs = HostFS.at(root)
+        if confined:
+            fs.__dict__["_confined_known"] = True
+        elif hostfs.check_tree(root):
+            return  # plain lookups are only for trees that passed
+        for rel in lookups:
+            answers = _dir_answers(fs, directory, rel)
+            assert "≠" not in answers, (directory, rel, answers)
+
+
 def _climbs_above(rel: str) -> bool:
     """Whether ``rel``'s own names (``..``; links aside) reach above where it starts."""
     depth = 0
