@@ -35,7 +35,6 @@ memory and huge pages, and every pod's devices): a pod without them lowers no zo
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,6 +43,7 @@ from typing import Any, Final
 from memtopo.k8s import podfingerprint
 from memtopo.k8s.admission import GUARANTEED, PodError, parse_pod
 from memtopo.k8s.enforcement import MAX_PLACEMENT_BYTES, PLACEMENT_ANNOTATION, TERMINAL_PHASES
+from memtopo.k8s.jsonvalue import json_object_or_none
 from memtopo.k8s.nrt_read import NodeTopology
 from memtopo.k8s.resources import CPU, MEMORY, is_hugepages, is_native
 from memtopo.text import shorten
@@ -136,13 +136,8 @@ def _exclusive(qos: str, requests: Iterable[Mapping[str, Any]]) -> bool:
 def parse_claim(raw: object) -> Claim | None:
     """The claim in a ``memtopo.io/placement`` value; None when there is none or it is unusable (the
     pod then counts as unplaced: its demand in every zone)."""
-    if not isinstance(raw, str) or len(raw) > MAX_PLACEMENT_BYTES:
-        return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict):
+    doc = json_object_or_none(raw, MAX_PLACEMENT_BYTES)
+    if doc is None:
         return None
     node, zones, amounts, at = doc.get("node"), doc.get("zones"), doc.get("claims"), doc.get("at")
     if (not isinstance(node, str) or not isinstance(zones, list) or not isinstance(amounts, dict)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from memtopo.k8s.jsonvalue import json_object_or_none
+
 # Written by bind: {"node", "resource", "ids"}; the ledger reads them back from every bound pod.
 ALLOCATION_ANNOTATION: Final = "memtopo.io/allocation"
 # The pods the ledger reads its allocations from: bound to a node and not finished.
@@ -49,13 +51,8 @@ def parse_allocation(pod: Mapping[str, Any]) -> tuple[str, Allocation] | None:
     raw = annotations.get(ALLOCATION_ANNOTATION) if isinstance(annotations, dict) else None
     node = spec.get("nodeName")
     uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
-    if not isinstance(raw, str) or not isinstance(node, str) or not node or len(raw) > MAX_ANNOTATION:
-        return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict):
+    doc = json_object_or_none(raw, MAX_ANNOTATION)
+    if doc is None or not isinstance(node, str) or not node:
         return None
     resource, ids = doc.get("resource"), doc.get("ids")
     if (not isinstance(resource, str) or not isinstance(ids, list)

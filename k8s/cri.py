@@ -14,7 +14,6 @@ log and whose ``code`` is the gRPC status name (or ``NO_SOCKET``/``NOT_SOCKET``)
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
@@ -27,6 +26,7 @@ import grpc
 from memtopo.cpulist import format_cpulist
 from memtopo.k8s.api.cri.v1 import cri_pb2 as cri
 from memtopo.k8s.api.cri.v1 import cri_pb2_grpc as cri_grpc
+from memtopo.k8s.jsonvalue import json_object_or_none
 from memtopo.text import excerpt, shorten
 
 # containerd's socket, then CRI-O's: the kubelet's usual --container-runtime-endpoint values.
@@ -161,14 +161,8 @@ def _text(value: str, limit: int = 253) -> str:
 
 
 def _pid_from_info(info: Mapping[str, str]) -> int | None:
-    raw = info.get("info")
-    if raw is None or len(raw) > MAX_INFO_BYTES:
-        return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    pid = doc.get("pid") if isinstance(doc, dict) else None
+    doc = json_object_or_none(info.get("info"), MAX_INFO_BYTES)
+    pid = doc.get("pid") if doc is not None else None
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < MAX_PID:
         return None
     return pid

@@ -33,6 +33,7 @@ from typing import Any, Final
 from memtopo.cpulist import CpuListError, format_cpulist, parse_cpulist
 from memtopo.k8s import cpumanager
 from memtopo.k8s.cputopo import CpuTopology
+from memtopo.k8s.jsonvalue import JsonObjectError, json_object
 from memtopo.text import excerpt, shorten
 
 # Written by the scheduler extender at bind (extender/): the place policy's decision (CPUs, memory nodes),
@@ -144,16 +145,10 @@ def _cpus(value: object, what: str, limit: int = 1 << 16) -> frozenset[int]:
 
 def parse_placement(raw: object) -> Placement:
     """The CPUs and memory nodes of a ``memtopo.io/placement`` value (the place policy's JSON)."""
-    if not isinstance(raw, str):
-        raise PlacementError("not a string")
-    if len(raw) > MAX_PLACEMENT_BYTES:
-        raise PlacementError(f"{len(raw)} bytes, more than a placement ({MAX_PLACEMENT_BYTES})")
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise PlacementError(f"not JSON: {excerpt(raw)}") from None
-    if not isinstance(doc, dict):
-        raise PlacementError(f"not a JSON object: {excerpt(raw)}")
+        doc = json_object(raw, MAX_PLACEMENT_BYTES, "a placement")
+    except JsonObjectError as exc:
+        raise PlacementError(str(exc)) from None
     node = doc.get("node", "")
     if not isinstance(node, str):
         raise PlacementError("node is not a string")
