@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtopo.apply.defaults import DEFAULT_STATE_DIR, IRQBALANCE_POLICIES
-from memtopo.cli.output import fail, write_text
+from memtopo.cli.output import EXIT_USAGE, fail, write_text
 
 if TYPE_CHECKING:
     from memtopo.apply import launch
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
-EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126  # exec: the command was found but could not be run
 EXIT_NOT_FOUND = 127  # exec: no such command
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memtopo.cli import plan as plan_cli
-from memtopo.cli.output import error_document, fail, write_text
+from memtopo.cli.output import EXIT_USAGE, error_document, fail, write_text
 from memtopo.controller.defaults import (
     DEFAULT_HTTP,
     DEFAULT_LISTEN,
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_NOT_APPLIED = 1
-EXIT_USAGE = 2
 EXIT_RPC = 3
 
 # memtopo.logs' words, written out here: --help must not import structlog.

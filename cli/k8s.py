@@ -7,11 +7,8 @@ import os
 import sys
 from typing import Any
 
-from memtopo.cli.output import fail, show_help
+from memtopo.cli.output import EXIT_USAGE, fail, show_help
 from memtopo.k8s.defaults import DEFAULT_CONFIG_PATHS, DEFAULT_POD_RESOURCES_SOCKET
-
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
 
 
 def dump(obj: dict[str, Any], fmt: str) -> str:
@@ -27,8 +24,7 @@ def dump(obj: dict[str, Any], fmt: str) -> str:
 
 
 def cmd_nrt(args: argparse.Namespace) -> int:
-    from memtopo.discovery.capture import CaptureError, context_for
-    from memtopo.discovery.isolated import IsolatedDiscoveryError, discover_apart
+    from memtopo.cli.discovering import DiscoveryError, discovered
     from memtopo.k8s.facts import PodResourcesView
     from memtopo.k8s.kubelet import read_kubelet_facts
     from memtopo.k8s.nrt import NrtError, build_nrt
@@ -37,15 +33,11 @@ def cmd_nrt(args: argparse.Namespace) -> int:
     config_paths = (args.kubelet_config,) if args.kubelet_config else DEFAULT_CONFIG_PATHS
     pods: PodResourcesView | None = None
     try:
-        with context_for(args.root) as ctx:
-            topo = discover_apart(ctx)
+        with discovered(args.root) as (ctx, topo):
             kubelet = read_kubelet_facts(ctx.fs, config_paths)
-    except CaptureError as exc:
+    except DiscoveryError as exc:
         fail(exc)
-        return EXIT_USAGE
-    except IsolatedDiscoveryError as exc:
-        fail(exc)
-        return EXIT_FAILURE
+        return exc.exit_code
     if args.root:
         # A capture has no kubelet to ask; this host's kubelet would describe another node.
         problem = "captured root"

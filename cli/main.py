@@ -20,31 +20,24 @@ from memtopo.cli import k8s as k8s_cli
 from memtopo.cli import manual
 from memtopo.cli import plan as plan_cli
 from memtopo.cli import query as query_cli
-from memtopo.cli.output import fail, show_help, write_text
-
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+from memtopo.cli.output import EXIT_USAGE, fail, show_help, write_text
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    from memtopo.discovery.capture import CaptureError, context_for
-    from memtopo.discovery.isolated import IsolatedDiscoveryError, discover_apart
+    from memtopo.cli.discovering import DiscoveryError, discovered
+    from memtopo.discovery.capture import CaptureError
     from memtopo.v1 import topology_pb2 as pb
 
     try:
-        with context_for(args.root, args.hwloc_xml) as ctx:
-            topo = discover_apart(ctx)
-        if args.hwloc_xml is not None:
-            # The export is the whole input: one hwloc could not read is an error, not an empty machine.
-            hw = next((s for s in topo.sources if s.source == "hwloc"), None)
-            if hw is not None and hw.state == pb.SOURCE_STATE_UNAVAILABLE:
-                raise CaptureError("; ".join(hw.reasons) or f"{args.hwloc_xml}: hwloc could not read it")
-    except CaptureError as exc:
+        with discovered(args.root, args.hwloc_xml) as (_, topo):
+            if args.hwloc_xml is not None:
+                # The export is the whole input: one hwloc could not read is an error, not an empty machine.
+                hw = next((s for s in topo.sources if s.source == "hwloc"), None)
+                if hw is not None and hw.state == pb.SOURCE_STATE_UNAVAILABLE:
+                    raise CaptureError("; ".join(hw.reasons) or f"{args.hwloc_xml}: hwloc could not read it")
+    except DiscoveryError as exc:
         fail(exc)
-        return EXIT_USAGE
-    except IsolatedDiscoveryError as exc:
-        fail(exc)
-        return EXIT_FAILURE
+        return exc.exit_code
     if args.root:
         topo.source_root = args.root  # the temporary extraction path means nothing to the reader
     if args.links:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from google.protobuf.message import Message
 
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 

@@ -65,16 +65,15 @@ def discover_facts(root: str | None, with_irqs: bool = False, pid: int | None = 
     A plan for this host binds a process that runs here: ``pid`` must (a captured root has no
     processes; `memtopo apply` checks it where the plan runs)."""
     from memtopo.apply.host import HostFiles, Procs
-    from memtopo.discovery.capture import CaptureError, context_for
-    from memtopo.discovery.isolated import IsolatedDiscoveryError, discover_apart
+    from memtopo.cli.discovering import DiscoveryError, discovered
+    from memtopo.hostfs import HostFS
 
+    if root is None and pid is not None and Procs(HostFiles(HostFS.at("/"))).stat(pid) is None:
+        raise UsageError(f"--pid {pid}: no such process on this host")
     try:
-        with context_for(root) as ctx:
-            if root is None and pid is not None and Procs(HostFiles(ctx.fs)).stat(pid) is None:
-                raise UsageError(f"--pid {pid}: no such process on this host")
-            topo = discover_apart(ctx)
+        with discovered(root) as (ctx, topo):
             found = npu_irqs(HostFiles(ctx.fs), topo) if with_irqs else {}
-    except (CaptureError, IsolatedDiscoveryError) as exc:
+    except DiscoveryError as exc:
         raise InvalidRootError(str(exc)) from None
     return Facts(topo, root if root is not None else LIVE, found)
 

@@ -33,6 +33,7 @@ from memtopo.agent.state import TopologyState
 from memtopo.backoff import Backoff
 from memtopo.cli import controller as cli
 from memtopo.cli.main import main as memtopo_main
+from memtopo.cli.output import EXIT_USAGE
 from memtopo.controller.fleet import (
     RESULTS_PER_NODE,
     Ack,
@@ -810,7 +811,7 @@ def test_cli_submit_and_result(live: Background, capsys: pytest.CaptureFixture[s
     rc, _, err = run_cli(["result", "gpu-2", "never", "--addr", live.addr], capsys)
     assert rc == cli.EXIT_RPC and "NOT_FOUND" in err
     rc, _, err = run_cli(["submit", "gpu-2", str(tmp_path / "missing.json"), "--addr", live.addr], capsys)
-    assert rc == cli.EXIT_USAGE and "missing.json" in err
+    assert rc == EXIT_USAGE and "missing.json" in err
     rc, _, err = run_cli(["submit", "nobody", str(ok), "--addr", live.addr], capsys)
     assert rc == cli.EXIT_RPC and "NOT_FOUND" in err
 
@@ -822,7 +823,7 @@ def test_cli_reports_an_unreachable_controller(capsys: pytest.CaptureFixture[str
     rc, _, err = run_cli(["nodes", "--addr", f"127.0.0.1:{port}"], capsys)
     assert rc == cli.EXIT_RPC and "UNAVAILABLE" in err
     rc, _, err = run_cli(["nodes", "--addr", "nonsense"], capsys)
-    assert rc == cli.EXIT_USAGE and "nonsense" in err and "HOST:PORT" in err
+    assert rc == EXIT_USAGE and "nonsense" in err and "HOST:PORT" in err
 
 
 def test_cli_parser_defaults_to_serve_and_keeps_options_given_before_serve() -> None:
@@ -844,9 +845,9 @@ def test_cli_parser_defaults_to_serve_and_keeps_options_given_before_serve() -> 
 
 def test_cli_serve_refuses_plaintext_off_loopback(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run_cli(["serve", "--listen", "0.0.0.0:0"], capsys)
-    assert rc == cli.EXIT_USAGE and "plaintext" in err
+    assert rc == EXIT_USAGE and "plaintext" in err
     rc, _, err = run_cli(["serve", "--tls-cert", "x.pem"], capsys)
-    assert rc == cli.EXIT_USAGE and "--tls-key" in err
+    assert rc == EXIT_USAGE and "--tls-key" in err
 
 
 def test_cli_serve_process_stops_cleanly_on_sigterm(capsys: pytest.CaptureFixture[str]) -> None:

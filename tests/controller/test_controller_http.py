@@ -16,6 +16,7 @@ import pytest
 
 from memtopo.cli.controller import listener_routes
 from memtopo.cli.extender import ExtenderOptions
+from memtopo.cli.output import EXIT_USAGE
 from memtopo.controller.server import ControllerConfigError, RunningController, start_controller, start_http
 from memtopo.controller.state import Changes
 from memtopo.httpserve import HttpServer, Limits
@@ -121,10 +122,9 @@ def test_the_listen_name_and_configured_names_are_accepted_hosts() -> None:
     (["serve", "--listen", "127.0.0.1:0", "--kube-refresh", "0"], "--kube-refresh"),
 ])
 def test_cli_http_options_are_checked(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from memtopo.cli import controller as cli
     from memtopo.cli.main import main
 
-    assert main(["controller", *argv]) == cli.EXIT_USAGE
+    assert main(["controller", *argv]) == EXIT_USAGE
     assert fragment in capsys.readouterr().err
 
 
