@@ -21,7 +21,7 @@ from memtopo.cli.main import main
 from memtopo.cpulist import parse_cpulist
 from memtopo.discovery.capture import CaptureError, open_root
 from memtopo.v1 import topology_pb2 as pb
-from tests.fixtures import HWLOC_XML, LAB_CAPTURES, REPO
+from tests.fixtures import HWLOC_XML, LAB_CAPTURES, REPO, extracted
 
 MEMTOPO = [sys.executable, "-m", "memtopo.cli"]
 
@@ -274,27 +274,34 @@ def test_the_manual_page_has_every_command_and_man_formats_it() -> None:
     assert "memtopo plan hccs --request -" in plain  # minus signs survive
 
 
-def test_each_plan_policy_help_shows_a_request_that_the_policy_takes() -> None:
+def test_each_plan_policy_help_shows_a_request_that_the_policy_takes(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """The example in `memtopo plan POLICY --help` is decided as it stands, and every field the help
-    names is one the policy knows (an unknown key is refused by name)."""
+    names is one the policy knows (an unknown key is refused by name). In this process: a run per
+    field, each a discovery of the root where the policy needs one."""
     from memtopo.cli.plan_requests import REQUESTS
+    from tests.cli.main_call import memtopo_main
 
-    gh200 = str(REPO / "tests/fixtures/gh200/root.tar.gz")
+    gh200 = str(extracted(REPO / "tests/fixtures/gh200/root.tar.gz"))
     for policy, fmt in REQUESTS.items():
-        helped = run_cli("plan", policy, "--help")
-        assert json.dumps(fmt.example) in helped.stdout and fmt.doc in helped.stdout
-        root = ("--root", gh200) if policy in ("place", "cpu-binding", "guest-pci") else ()
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as helped_exit:
+            main(["plan", policy, "--help"])
+        assert helped_exit.value.code == 0
+        helped = capsys.readouterr().out
+        assert json.dumps(fmt.example) in helped and fmt.doc in helped
+        root = ["--root", gh200] if policy in ("place", "cpu-binding", "guest-pci") else []
+        argv = ["plan", policy, "--request", "-", *root]
+
+        def decide(request: object) -> tuple[int, str]:
+            return memtopo_main(monkeypatch, argv, json.dumps(request))  # noqa: B023 (called in this iteration)
+
         # cpu-binding's example is complete: it is decided without discovery, whatever the root.
-        decided = subprocess.run([*MEMTOPO, "plan", policy, "--request", "-", *root], input=json.dumps(fmt.example),
-                                 capture_output=True, text=True, cwd=REPO, check=False)
-        assert decided.returncode == 0, decided.stdout
-        assert json.loads(decided.stdout)["policy"] == policy
+        rc, decided = decide(fmt.example)
+        assert rc == 0, decided
+        assert json.loads(decided)["policy"] == policy
         for name, _ in fmt.fields:
-            request = {**fmt.example, name: fmt.example.get(name)}
-            answer = subprocess.run([*MEMTOPO, "plan", policy, "--request", "-", *root], input=json.dumps(request),
-                                    capture_output=True, text=True, cwd=REPO, check=False)
-            assert f"'{name}'" not in answer.stdout or "unknown keys" not in answer.stdout, (policy, answer.stdout)
-        misspelt = subprocess.run([*MEMTOPO, "plan", policy, "--request", "-", *root],
-                                  input=json.dumps({**fmt.example, "zz_not_a_field": 1}), capture_output=True,
-                                  text=True, cwd=REPO, check=False)
-        assert "unknown keys ['zz_not_a_field']" in misspelt.stdout  # the check above can fail
+            _, answer = decide({**fmt.example, name: fmt.example.get(name)})
+            assert f"'{name}'" not in answer or "unknown keys" not in answer, (policy, answer)
+        _, misspelt = decide({**fmt.example, "zz_not_a_field": 1})
+        assert "unknown keys ['zz_not_a_field']" in misspelt  # the check above can fail
