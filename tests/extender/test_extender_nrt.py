@@ -17,6 +17,7 @@ here). kube-scheduler's part is played by the tests: ExtenderArgs as it sends th
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -198,6 +199,34 @@ def test_a_cpu_and_memory_pod_is_judged_by_what_the_kubelet_will_admit(api: Stan
             # 8 CPUs never fit one zone of 4: unresolvable, preemption cannot help.
             big = await call(port, "filter", names_args(gu_pod("q", cpus=8), ["roomy"]))
             assert "roomy" in big["FailedAndUnresolvableNodes"]
+    run(body())
+
+
+def test_a_shape_judged_over_the_fleet_is_kept_out_of_the_collectors_scans(api: StandInApiServer,
+                                                                          tmp_path: Path) -> None:
+    """Judgements live until their node changes: once a pod shape has been judged over more nodes than
+    the loop judges itself, none is left in the collector's generations for a full collection to scan
+    (each such scan cost a verb 17–45 ms at 5,000 nodes), and they still answer the next request."""
+    from memtopo.extender.nrt import THREAD_THRESHOLD, NodeJudgement
+
+    names = [f"node-{i:03d}" for i in range(THREAD_THRESHOLD + 36)]
+    for name in names:
+        api.put_nrt(two_zones(name, (4, 2)))
+
+    def judgements_scanned() -> int:
+        return sum(isinstance(o, NodeJudgement) for o in gc.get_objects())
+
+    async def body() -> None:
+        async with extender(api, tmp_path) as port:
+            answer = await call(port, "filter", names_args(gu_pod("p", cpus=3), names))
+            assert answer["NodeNames"] == names
+            assert judgements_scanned() == 0
+            again = await call(port, "filter", names_args(gu_pod("q", cpus=3), names))  # the same shape
+            assert again["NodeNames"] == names
+            # A handful judged afresh stays with the young objects: only a fleet's worth is frozen.
+            few = await call(port, "filter", names_args(gu_pod("r", cpus=1), names[:3]))
+            assert few["NodeNames"] == names[:3]
+            assert judgements_scanned() == 3
     run(body())
 
 
