@@ -60,11 +60,11 @@ class AttrReader:
     def records(self, directory: HostDir, names: Iterable[str]) -> dict[str, str]:
         """The records of ``names`` in ``directory`` that could be read (the others are problems)."""
         texts: dict[str, str] = {}
-        for name, text in directory.read_records(names).items():
-            if isinstance(text, HostReadError):
-                self.sb.problem(text)
-            else:
-                texts[name] = text
+        for name in names:
+            try:
+                texts[name] = directory.read_record(name)
+            except HostReadError as exc:
+                self.sb.problem(exc)
         return texts
 
     def int_of(self, rel: str, record: str | None, base: int, default: int) -> int:

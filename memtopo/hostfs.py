@@ -22,7 +22,7 @@ import stat
 import struct
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -443,7 +443,7 @@ class HostFS(HostReads):
             raise HostReadError(rel, _os_reason(exc)) from exc
         finally:
             os.close(fd)
-        return self._decode(rel, data) if len(data) < RECORD_CHUNK else self.read_text(rel, MAX_RECORD_BYTES)
+        return self.record_text(rel, data)
 
     def record_text(self, rel: str, data: bytes) -> str:
         """The text of ``rel`` from one read of at most RECORD_CHUNK bytes (a full one may have more)."""
@@ -571,38 +571,6 @@ class HostDir(HostReads):
         except OSError as exc:
             raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
         return self.fs.record_of(self.root_relative(rel), fd)
-
-    def read_records(self, names: Iterable[str]) -> dict[str, str | HostReadError]:
-        """read_record of each of ``names``: its text, or the error its read raised. A device's
-        attributes in one call (for hundreds of PCI functions, a call per attribute showed)."""
-        if self._fd is None:
-            return {name: self._record_or_error(name) for name in names}
-        dir_fd = self._fd
-        out: dict[str, str | HostReadError] = {}
-        for name in names:
-            if "/" in name or name in ("", ".", ".."):
-                out[name] = self._record_or_error(name)
-                continue
-            try:
-                fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-                try:
-                    data = os.read(fd, RECORD_CHUNK)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                out[name] = HostReadError(self.root_relative(name), _os_reason(exc))
-                continue
-            if len(data) < RECORD_CHUNK and data.isascii():
-                out[name] = data.decode("ascii")
-            else:
-                out[name] = self._record_or_error(name)
-        return out
-
-    def _record_or_error(self, rel: str) -> str | HostReadError:
-        try:
-            return self.read_record(rel)
-        except HostReadError as exc:
-            return exc
 
     def readlink(self, rel: str) -> str:
         if self._fd is None:

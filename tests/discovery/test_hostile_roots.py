@@ -580,8 +580,8 @@ def test_the_component_walk_answers_as_the_kernels_in_root_walk(
 
 def _dir_answers(fs: HostFS, directory: str, rel: str) -> tuple[str, ...]:
     """What reading ``rel`` below ``directory`` gives, through the directory held open (HostDir)
-    and by the joined path (HostFS), side by side: the record, the listing, the link, the batch
-    read, or the error and the path it names."""
+    and by the joined path (HostFS), side by side: the record, the listing, the link, the integer,
+    or the error and the path it names."""
     def answer(fn: Callable[[], object]) -> str:
         try:
             return repr(fn())
@@ -595,15 +595,9 @@ def _dir_answers(fs: HostFS, directory: str, rel: str) -> tuple[str, ...]:
         return (f"no directory: {exc.path}: {exc.reason}",)
     with held:
         through = (answer(lambda: held.read_record(rel)), answer(lambda: held.listdir(rel)),
-                   answer(lambda: held.readlink(rel)), answer(lambda: held.read_int(rel)),
-                   answer(lambda: {k: v if isinstance(v, str) else f"error at {v.path}: {v.reason}"
-                                   for k, v in held.read_records([rel]).items()}))
+                   answer(lambda: held.readlink(rel)), answer(lambda: held.read_int(rel)))
     by_path = (answer(lambda: fs.read_record(joined)), answer(lambda: fs.listdir(joined)),
-               answer(lambda: fs.readlink(joined)), answer(lambda: fs.read_int(joined)),
-               answer(lambda: {rel: fs.read_record(joined)}))
-    # A batch read that fails carries its error in the mapping; by path it raises: one wording.
-    by_path = (*by_path[:4], by_path[4] if not by_path[4].startswith("error at ") else
-               repr({rel: by_path[4]}))
+               answer(lambda: fs.readlink(joined)), answer(lambda: fs.read_int(joined)))
     return through if through == by_path else (*through, "≠", *by_path)
 
 
