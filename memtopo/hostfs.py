@@ -177,6 +177,13 @@ def _walk(root_fd: int, rel: str, flags: int) -> tuple[int, list[str]]:
             os.close(fd)
 
 
+def _no_climb(rel: str) -> str:
+    """``rel``, refused (OSError, EXDEV) where a ``..`` component could climb above where it starts."""
+    if ".." in rel and ".." in rel.split("/"):
+        raise OSError(errno.EXDEV, "path leaves the root")
+    return rel
+
+
 def attr_value(record: str) -> str:
     """A one-value attribute's record, stripped (some captured trees pad files with NULs)."""
     return record.strip().strip("\0").strip()
@@ -311,9 +318,7 @@ class HostFS(HostReads):
         Raises OSError (callers turn it into HostReadError)."""
         if not self._confined:
             return os.open(self.join(rel), flags)
-        rel = rel.lstrip("/")
-        if ".." in rel.split("/"):
-            raise OSError(errno.EXDEV, "path leaves the root")
+        rel = _no_climb(rel.lstrip("/"))
         call = _openat2()
         if call is not None:
             try:
@@ -531,9 +536,7 @@ class HostDir(HostReads):
 
     def _open_at(self, rel: str, flags: int) -> int:
         assert self._fd is not None
-        if ".." in rel and ".." in rel.split("/"):
-            raise OSError(errno.EXDEV, "path leaves the root")
-        return os.open(rel, flags, dir_fd=self._fd)
+        return os.open(_no_climb(rel), flags, dir_fd=self._fd)
 
     def names(self) -> set[str]:
         """The directory's entries, unordered (what a reader asks "has it?" of)."""
@@ -566,19 +569,18 @@ class HostDir(HostReads):
     def read_record(self, rel: str) -> str:
         if self._fd is None:
             return self.fs.read_record(self.root_relative(rel))
+        path = self.root_relative(rel)
         try:
             fd = self._open_at(rel, _READ_FLAGS)
         except OSError as exc:
-            raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
-        return self.fs.record_of(self.root_relative(rel), fd)
+            raise HostReadError(path, _os_reason(exc)) from exc
+        return self.fs.record_of(path, fd)
 
     def readlink(self, rel: str) -> str:
         if self._fd is None:
             return self.fs.readlink(self.root_relative(rel))
         try:
-            if ".." in rel.split("/"):
-                raise OSError(errno.EXDEV, "path leaves the root")
-            return os.readlink(rel, dir_fd=self._fd)
+            return os.readlink(_no_climb(rel), dir_fd=self._fd)
         except OSError as exc:
             raise HostReadError(self.root_relative(rel), _os_reason(exc)) from exc
 
