@@ -191,43 +191,32 @@ class Load:
             return None
 
     async def slow(self, count: int = 3000) -> None:
+        """Half send a request head a byte a second, half one request; each then stays until closed."""
+        await self._held(count, lambda i: "slowly" if i % 2 else "once")
+
+    async def idle(self, count: int = 300) -> None:
+        """Connections that send nothing and stay until closed."""
+        await self._held(count, lambda i: "nothing")
+
+    async def _held(self, count: int, send: Callable[[int], str]) -> None:
         for i in range(count):
             pair = await self.connect()
             if pair is None:
                 continue
-            reader, writer = pair
             self.stats["connected"] += 1
-            self.tasks.append(asyncio.create_task(self._slow_one(reader, writer, bool(i % 2))))
+            self.tasks.append(asyncio.create_task(self._hold(*pair, send(i))))
 
-    async def _slow_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slowly: bool) -> None:
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, send: str) -> None:
         try:
-            if slowly:
+            if send == "slowly":
                 for byte in b"GET /healthz HTTP/1.1\r\n" + HOST + b"X-Slow: " + b"a" * 10_000:
                     writer.write(bytes([byte]))
                     await writer.drain()
                     await asyncio.sleep(1.0)
-            else:
+            elif send == "once":
                 writer.write(b"GET /healthz HTTP/1.1\r\n" + HOST + b"\r\n")
                 await writer.drain()
                 await reader.read(4096)
-            await reader.read()
-            self.stats["closed_by_server"] += 1
-        except OSError:
-            self.stats["closed_by_server"] += 1
-        finally:
-            writer.transport.abort()
-
-    async def idle(self, count: int = 300) -> None:
-        for _ in range(count):
-            pair = await self.connect()
-            if pair is None:
-                continue
-            reader, writer = pair
-            self.stats["connected"] += 1
-            self.tasks.append(asyncio.create_task(self._hold(reader, writer)))
-
-    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
             await reader.read()
             self.stats["closed_by_server"] += 1
         except OSError:
