@@ -84,6 +84,18 @@ def sample_routes() -> Routes:
     return routes
 
 
+def held_route(routes: Routes, method: str, path: str) -> asyncio.Event:
+    """A route whose requests stay in their handler until the returned event is set, then answer {}."""
+    release = asyncio.Event()
+
+    async def held(request: Request) -> Response:
+        await release.wait()
+        return Response.json({})
+
+    routes.add(method, path, held)
+    return release
+
+
 async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     """Poll ``predicate`` on the loop; the generous deadline only ends a hang."""
     async with asyncio.timeout(timeout):
@@ -476,13 +488,7 @@ def test_tls_connections_that_never_handshake_do_not_keep_a_probe_out(certs: dic
 
 def test_when_every_connection_is_busy_newcomers_are_refused_and_logged_once_per_peer() -> None:
     routes = sample_routes()
-    release = asyncio.Event()
-
-    async def slow(request: Request) -> Response:
-        await release.wait()
-        return Response.json({"done": True})
-
-    routes.add("GET", "/slow", slow)
+    release = held_route(routes, "GET", "/slow")
 
     async def body(server: HttpServer) -> None:
         busy = []
@@ -552,13 +558,7 @@ def test_large_bodies_take_a_work_slot_and_probes_never_wait_for_one(monkeypatch
 
 def test_a_large_request_that_waits_too_long_for_a_slot_is_answered_busy() -> None:
     routes = sample_routes()
-    release = asyncio.Event()
-
-    async def work(request: Request) -> Response:
-        await release.wait()
-        return Response.json({})
-
-    routes.add("POST", "/work", work)
+    release = held_route(routes, "POST", "/work")
     big = b'"' + b"a" * 100_000 + b'"'
 
     async def body(server: HttpServer) -> None:
@@ -573,13 +573,7 @@ def test_a_large_request_that_waits_too_long_for_a_slot_is_answered_busy() -> No
 
 def test_bodies_beyond_the_total_are_refused_before_they_are_read() -> None:
     routes = sample_routes()
-    release = asyncio.Event()
-
-    async def work(request: Request) -> Response:
-        await release.wait()
-        return Response.json({})
-
-    routes.add("POST", "/work", work)
+    release = held_route(routes, "POST", "/work")
     body_bytes = b'"' + b"a" * 400_000 + b'"'
 
     async def body(server: HttpServer) -> None:
