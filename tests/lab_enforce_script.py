@@ -128,10 +128,14 @@ def main() -> int:
                             cpusets=cgroups.read, interval=1.0, migrate=EngineMigrator(engine), procs=cgroups.procs)
 
         async def settle() -> str:
-            """One pass, the memory moves it started, and the pass that reports them."""
+            """One pass, the memory moves it started, and the pass that reports them; should that pass
+            start moves of its own (a container it saw late), those too and a pass after them, so that
+            what is read next is every move's plan and report."""
             state = (await enforcer.reconcile()).state
-            await enforcer.moves_done()
-            await enforcer.reconcile()
+            for _ in range(4):
+                await enforcer.moves_done()
+                if not (await enforcer.reconcile()).moves:
+                    break
             return state
 
         scenarios: dict[str, Any] = {}

@@ -83,6 +83,7 @@ def test_a_pinned_containers_pages_move_to_its_memory_node(reports: dict[str, di
     # migrate_pages moves the pages a process maps alone.
     assert before.get("0", 0) >= 2000, moved
     assert after.get("1", 0) >= before["0"] * 9 // 10 and after.get("0", 0) < before["0"] // 10, moved
+    assert len(moved["plans"]) == 1, moved  # the report says why when there is none
     [plan] = moved["plans"]
     assert plan["state"] in ("STATE_APPLIED", "STATE_UNCHANGED") and len(plan["actions"]) == len(moved["procs"]) >= 1
     if version == "v1":
